@@ -1,0 +1,1 @@
+"""commgym.agents: agents that choose communication configurations (not built yet)."""

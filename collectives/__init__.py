@@ -1,0 +1,38 @@
+"""commgym.collectives: the executed action path.
+
+Compressors, error feedback, bucketing, the overlapping gradient synchronizer, local-SGD
+averaging, a DDP communication-hook adapter and the compression kernels. This package
+depends only on torch (never on gymnasium, stable-baselines3 or MLflow).
+"""
+
+from commgym.collectives.averaging import PeriodicAverager
+from commgym.collectives.bucketing import BucketPlan
+from commgym.collectives.compressors import BucketLayout, Compressor, make_compressor
+from commgym.collectives.config import CommConfig
+from commgym.collectives.ddp_hook import DDPHookState, ddp_comm_hook
+from commgym.collectives.errors import CollectiveTimeout, CommgymError, WorkerFailed
+from commgym.collectives.residual import ResidualMemory
+from commgym.collectives.spec import COMPRESSORS, VALID_SPEC_FORMS, CompressionSpec
+from commgym.collectives.stats import AveragingStats, StepStats
+from commgym.collectives.synchronizer import GradientSynchronizer
+
+__all__ = [
+    "COMPRESSORS",
+    "VALID_SPEC_FORMS",
+    "AveragingStats",
+    "BucketLayout",
+    "BucketPlan",
+    "CollectiveTimeout",
+    "CommConfig",
+    "CommgymError",
+    "CompressionSpec",
+    "Compressor",
+    "DDPHookState",
+    "GradientSynchronizer",
+    "PeriodicAverager",
+    "ResidualMemory",
+    "StepStats",
+    "WorkerFailed",
+    "ddp_comm_hook",
+    "make_compressor",
+]

@@ -1,0 +1,601 @@
+"""Gradient compressors: pure tensor transforms between a flat bucket and its wire payload.
+
+A compressor never calls ``torch.distributed`` and never assumes a device. The
+communicator (:class:`~commgym.collectives.GradientSynchronizer` or
+:func:`~commgym.collectives.ddp_comm_hook`) follows the class attribute ``summable``:
+
+* ``summable = True``: every payload tensor is all-reduced (SUM) in place, then
+  ``decompress(payload, ctx, out)`` writes the dense estimate of the mean into ``out``;
+* ``summable = False``: every payload tensor is all-gathered, then
+  ``decompress(payload_of_rank_r, ctx, out, accumulate=True)`` is called once per rank.
+
+Inputs are always already divided by the world size (so sums are means and 16-bit sums
+cannot overflow where the fp32 mean does not). Multi-round methods (PowerSGD) set
+``rounds > 1`` and produce the next round's payload with ``advance``; the communicator
+issues each round's collectives in bucket order from the training thread.
+"""
+
+from __future__ import annotations
+
+import zlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from commgym.collectives import kernels
+from commgym.collectives.spec import COMPRESSORS, CompressionSpec, register_compressor
+
+__all__ = [
+    "BF16Compressor",
+    "BucketLayout",
+    "Compressor",
+    "FP16Compressor",
+    "NoneCompressor",
+    "PowerSGDCompressor",
+    "QuantizeCompressor",
+    "RandomKCompressor",
+    "TopKCompressor",
+    "make_compressor",
+]
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """What a compressor may know about a bucket: a stable key and its tensors' shapes.
+
+    Attributes:
+        key: stable identifier (same on every rank and for the same bucket plan).
+        shapes: shapes of the parameters packed contiguously in the flat bucket, in order.
+    """
+
+    key: str
+    shapes: tuple[torch.Size, ...]
+
+    @property
+    def numel(self) -> int:
+        """Total number of elements in the bucket."""
+        return sum(int(torch.Size(s).numel()) for s in self.shapes)
+
+    @property
+    def key_id(self) -> int:
+        """A 32-bit integer derived from ``key`` (stable across processes)."""
+        return zlib.crc32(self.key.encode())
+
+
+class Compressor(ABC):
+    """Base class of all compressors (see the module docstring for the protocol).
+
+    Args:
+        spec: the validated spec this instance implements.
+        seed: base seed for cross-rank randomness; must be equal on all ranks.
+        error_feedback: whether the caller passes residuals (changes only estimators
+            that depend on it, e.g. random-k's unbiased scaling).
+        stochastic_rounding: quantisers round stochastically (unbiased) when True.
+    """
+
+    name: ClassVar[str]
+    #: ``None``, ``"density"`` or ``"rank"``: what the spec's parameter means.
+    param_kind: ClassVar[str | None] = None
+    #: Whether payloads may be summed by all-reduce (else they are all-gathered).
+    summable: ClassVar[bool]
+    #: Number of communication rounds per bucket.
+    rounds: ClassVar[int] = 1
+    #: Whether the method is lossy and benefits from error feedback.
+    uses_error_feedback: ClassVar[bool] = False
+    #: Whether a NaN/inf anywhere in any rank's input always reaches every rank's output.
+    propagates_nonfinite: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        spec: CompressionSpec,
+        *,
+        seed: int = 0,
+        error_feedback: bool = True,
+        stochastic_rounding: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.seed = int(seed)
+        self.error_feedback = bool(error_feedback)
+        self.stochastic_rounding = bool(stochastic_rounding)
+        self._calls: dict[str, int] = {}
+        self._buffers: dict[tuple[str, str], torch.Tensor] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.spec)!r})"
+
+    # -- protocol -----------------------------------------------------------------
+    @abstractmethod
+    def compress(
+        self, flat: torch.Tensor, layout: BucketLayout, residual: torch.Tensor | None
+    ) -> tuple[list[torch.Tensor], Any]:
+        """Encode a bucket.
+
+        Args:
+            flat: 1-D fp32 bucket (local gradient / world size), shape ``[layout.numel]``.
+                Not modified, except by ``none`` whose payload *is* ``flat``.
+            layout: the bucket's key and parameter shapes.
+            residual: fp32 error-feedback memory like ``flat`` (updated in place) or None.
+
+        Returns:
+            ``(payload, ctx)``: the tensors to communicate and local context for decoding.
+        """
+
+    def advance(self, round_index: int, payload: list[torch.Tensor], ctx: Any) -> list[torch.Tensor]:
+        """Produce round ``round_index``'s payload from the reduced previous round.
+
+        Raises:
+            RuntimeError: for single-round compressors.
+        """
+        raise RuntimeError(f"{self!r} has a single communication round")
+
+    @abstractmethod
+    def decompress(
+        self, payload: list[torch.Tensor], ctx: Any, out: torch.Tensor, *, accumulate: bool = False
+    ) -> None:
+        """Decode into ``out`` (1-D fp32, in place): overwrite, or add when ``accumulate``."""
+
+    @abstractmethod
+    def wire_bytes(self, layout: BucketLayout) -> int:
+        """Bytes this rank hands to collectives for one bucket (all rounds)."""
+
+    # -- state --------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget per-bucket state (warm starts, counters, scratch buffers)."""
+        self._calls.clear()
+        self._buffers.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain ints and tensors that restore this compressor's cross-step state."""
+        return {"spec": str(self.spec), "calls": dict(self._calls)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output.
+
+        Raises:
+            ValueError: the state was saved by a different spec.
+        """
+        if state.get("spec") != str(self.spec):
+            raise ValueError(f"state was saved for {state.get('spec')!r}, this is {self.spec}")
+        self._calls = dict(state["calls"])
+
+    # -- helpers --------------------------------------------------------------------
+    def _next_seed(self, layout: BucketLayout) -> int:
+        calls = self._calls.get(layout.key, 0)
+        self._calls[layout.key] = calls + 1
+        return kernels.seed_mix(self.seed, layout.key_id, calls)
+
+    def _buffer(self, layout: BucketLayout, tag: str, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
+        buf = self._buffers.get((layout.key, tag))
+        if buf is None or buf.numel() != numel or buf.dtype != dtype or buf.device != torch.device(device):
+            buf = torch.empty(numel, dtype=dtype, device=device)
+            self._buffers[(layout.key, tag)] = buf
+        return buf
+
+
+@register_compressor
+class NoneCompressor(Compressor):
+    """No compression: the fp32 bucket itself is all-reduced (bit-exact DDP semantics)."""
+
+    name = "none"
+    summable = True
+
+    def compress(self, flat, layout, residual):  # noqa: D102
+        return [flat], None
+
+    def decompress(self, payload, ctx, out, *, accumulate=False):  # noqa: D102
+        if accumulate:
+            out.add_(payload[0])
+        elif payload[0].data_ptr() != out.data_ptr():
+            out.copy_(payload[0])
+
+    def wire_bytes(self, layout):  # noqa: D102
+        return 4 * layout.numel
+
+
+class _HalfCompressor(Compressor):
+    """16-bit wire format; the sum runs in the collective, everything else in fp32.
+
+    The input is already divided by world size in fp32 *before* the cast (unlike
+    torch's ``fp16_compress_hook``, which casts first), so gradients near the 16-bit
+    maximum do not overflow when summed over ranks.
+    """
+
+    summable = True
+    wire_dtype: ClassVar[torch.dtype]
+
+    def compress(self, flat, layout, residual):  # noqa: D102
+        buf = self._buffer(layout, "wire", flat.numel(), self.wire_dtype, flat.device)
+        buf.copy_(flat)
+        return [buf], None
+
+    def decompress(self, payload, ctx, out, *, accumulate=False):  # noqa: D102
+        if accumulate:
+            out.add_(payload[0].float())
+        else:
+            out.copy_(payload[0])
+
+    def wire_bytes(self, layout):  # noqa: D102
+        return 2 * layout.numel
+
+
+@register_compressor
+class FP16Compressor(_HalfCompressor):
+    """IEEE half precision on the wire (as torch's ``fp16_compress_hook``)."""
+
+    name = "fp16"
+    wire_dtype = torch.float16
+
+
+@register_compressor
+class BF16Compressor(_HalfCompressor):
+    """bfloat16 on the wire (as torch's ``bf16_compress_hook``)."""
+
+    name = "bf16"
+    wire_dtype = torch.bfloat16
+
+
+class QuantizeCompressor(Compressor):
+    """Per-chunk max-scaled integer quantisation with bit packing (QSGD-style).
+
+    Source: Alistarh et al., "QSGD", NeurIPS 2017 (stochastic variant); deterministic
+    rounding with error feedback after Karimireddy et al., ICML 2019. Integer codes are
+    never summed by a collective (int8 sums wrap around on gloo): each rank's packed codes
+    and fp32 chunk scales travel in one uint8 buffer that is all-gathered, and every rank
+    dequantises and sums all ``W`` payloads in fp32. See ``kernels.reference`` for the
+    exact rounding, scale and packing rules.
+    """
+
+    summable = False
+    uses_error_feedback = True
+    bits: ClassVar[int]
+
+    def _sizes(self, numel: int) -> tuple[int, int, int]:
+        nch = kernels.num_chunks(numel)
+        nbytes = kernels.packed_nbytes(numel, self.bits)
+        total = 4 * nch + nbytes
+        return nch, nbytes, (total + 3) // 4 * 4  # keep every rank's slice 4-byte aligned
+
+    def compress(self, flat, layout, residual):  # noqa: D102
+        n = flat.numel()
+        nch, nbytes, total = self._sizes(n)
+        buf = self._buffer(layout, "wire", total, torch.uint8, flat.device)
+        seed = self._next_seed(layout) if self.stochastic_rounding else 0
+        kernels.quantize_ef(
+            flat,
+            residual,
+            self.bits,
+            out_scales=buf[: 4 * nch].view(torch.float32),
+            out_codes=buf[4 * nch : 4 * nch + nbytes],
+            stochastic=self.stochastic_rounding,
+            seed=seed,
+        )
+        if total > 4 * nch + nbytes:
+            buf[4 * nch + nbytes :].zero_()
+        return [buf], n
+
+    def decompress(self, payload, ctx, out, *, accumulate=False):  # noqa: D102
+        n = out.numel()
+        nch, nbytes, _ = self._sizes(n)
+        buf = payload[0]
+        if not accumulate:
+            out.zero_()
+        kernels.dequantize_accumulate(
+            buf[4 * nch : 4 * nch + nbytes], buf[: 4 * nch].view(torch.float32), self.bits, out
+        )
+
+    def wire_bytes(self, layout):  # noqa: D102
+        return self._sizes(layout.numel)[2]
+
+
+@register_compressor
+class Int8Compressor(QuantizeCompressor):
+    """8-bit codes (levels -127..127) per 512-element chunk scale."""
+
+    name = "int8"
+    bits = 8
+
+
+@register_compressor
+class Int4Compressor(QuantizeCompressor):
+    """4-bit codes (levels -7..7), two per byte."""
+
+    name = "int4"
+    bits = 4
+
+
+@register_compressor
+class Int2Compressor(QuantizeCompressor):
+    """2-bit codes (levels -1, 0, 1: ternary as TernGrad, Wen et al. 2017), four per byte."""
+
+    name = "int2"
+    bits = 2
+
+
+@register_compressor
+class TopKCompressor(Compressor):
+    """Top-k sparsification with error feedback.
+
+    Source: Aji & Heafield, EMNLP 2017; Stich et al., "Sparsified SGD with memory",
+    NeurIPS 2018. ``k = max(1, round(density * numel))`` per bucket; values (fp32) and
+    int32 indices travel in one int32 buffer of ``2k`` entries that is all-gathered
+    (every rank sends the same ``k``, so all-gather sizes always match).
+    """
+
+    name = "topk"
+    param_kind = "density"
+    summable = False
+    uses_error_feedback = True
+    propagates_nonfinite = False
+
+    def _k(self, numel: int) -> int:
+        return kernels.topk_k(numel, float(self.spec.param))
+
+    def compress(self, flat, layout, residual):  # noqa: D102
+        k = self._k(flat.numel())
+        values, idx = kernels.topk_ef(flat, residual, k)
+        buf = self._buffer(layout, "wire", 2 * k, torch.int32, flat.device)
+        buf[:k].copy_(values.view(torch.int32))
+        buf[k:].copy_(idx)
+        return [buf], k
+
+    def decompress(self, payload, ctx, out, *, accumulate=False):  # noqa: D102
+        k = ctx
+        buf = payload[0]
+        if not accumulate:
+            out.zero_()
+        out.index_add_(0, buf[k:].long(), buf[:k].view(torch.float32))
+
+    def wire_bytes(self, layout):  # noqa: D102
+        return 8 * self._k(layout.numel)
+
+
+@register_compressor
+class RandomKCompressor(Compressor):
+    """Random-k sparsification with indices shared by all ranks (so payloads are summable).
+
+    Source: Stich et al., NeurIPS 2018; Wangni et al., NeurIPS 2018. Indices are
+    stratified (one uniformly drawn element per ``numel / k`` stratum, see
+    ``kernels.randomk_indices``) from a counter-based generator seeded with
+    ``(seed, bucket key, call count)``, identical on all ranks. With error feedback the
+    unsent part stays in the residual and values are sent unscaled; without it values are
+    scaled by their stratum size, which makes the estimator unbiased.
+    """
+
+    name = "randomk"
+    param_kind = "density"
+    summable = True
+    uses_error_feedback = True
+    propagates_nonfinite = False
+
+    def _k(self, numel: int) -> int:
+        return kernels.topk_k(numel, float(self.spec.param))
+
+    def compress(self, flat, layout, residual):  # noqa: D102
+        n = flat.numel()
+        k = self._k(n)
+        idx, sizes = kernels.randomk_indices(n, k, self._next_seed(layout), flat.device)
+        values = kernels.randomk_gather_ef(flat, residual, idx)
+        return [values], (idx, sizes)
+
+    def decompress(self, payload, ctx, out, *, accumulate=False):  # noqa: D102
+        idx, sizes = ctx
+        weights = None if self.error_feedback else sizes
+        if accumulate:
+            tmp = torch.zeros_like(out)
+            kernels.randomk_scatter(payload[0], idx, tmp, weights)
+            out.add_(tmp)
+        else:
+            kernels.randomk_scatter(payload[0], idx, out, weights)
+
+    def wire_bytes(self, layout):  # noqa: D102
+        return 4 * self._k(layout.numel)
+
+
+@dataclass
+class _PowerSGDBucket:
+    """Per-bucket PowerSGD state: layout of matrices and persistent buffers."""
+
+    # (offset, numel, rows, cols, p_offset, q_offset) for compressed tensors
+    matrices: list[tuple[int, int, int, int, int, int]]
+    # (offset, numel, dense_offset) for tensors sent uncompressed
+    dense: list[tuple[int, int, int]]
+    dense_buf: torch.Tensor
+    p_buf: torch.Tensor
+    q_buf: torch.Tensor  # warm-started Q, persistent across steps
+    work: torch.Tensor  # v = gradient + residual
+
+
+@register_compressor
+class PowerSGDCompressor(Compressor):
+    """PowerSGD low-rank compression with warm start and error feedback.
+
+    Source: Vogels, Karimireddy & Jaggi, "PowerSGD: Practical Low-Rank Gradient
+    Compression for Distributed Optimization", NeurIPS 2019 (Algorithm 1). Each parameter
+    tensor of a bucket with ``ndim >= 2`` is viewed as an ``n x m`` matrix ``M`` (first
+    dimension by the rest); it is compressed when ``n * m >= 2 * r * (n + m)`` (at least
+    2x smaller), otherwise it is sent uncompressed with the 1-D tensors. Round 1
+    all-reduces ``[dense part, P = M Q]``; ``P`` is orthonormalised (Gram-Schmidt); round 2
+    all-reduces ``Q = M^T P``; the estimate is ``P Q^T``. ``Q`` is initialised from a
+    generator seeded with ``(seed, bucket key, tensor index)`` (identical on all ranks) and
+    warm-started from the previous step. Error feedback keeps ``M - P Q^T``.
+
+    Tuning (from the paper): rank 1-4 suffices for most CNNs; rank changes reset the warm
+    start (a new compressor is built).
+    """
+
+    name = "powersgd"
+    param_kind = "rank"
+    summable = True
+    rounds = 2
+    uses_error_feedback = True
+    min_compression_rate = 2.0
+
+    def __init__(self, spec, **kw) -> None:
+        super().__init__(spec, **kw)
+        self.rank = int(spec.param)
+        self._state: dict[str, _PowerSGDBucket] = {}
+        self._loaded_q: dict[str, torch.Tensor] = {}
+
+    def reset(self) -> None:  # noqa: D102
+        super().reset()
+        self._state.clear()
+
+    def _bucket(self, layout: BucketLayout, device) -> _PowerSGDBucket:
+        st = self._state.get(layout.key)
+        if st is not None and st.work.device == torch.device(device):
+            return st
+        r = self.rank
+        matrices, dense = [], []
+        off = p_off = q_off = d_off = 0
+        for shape in layout.shapes:
+            numel = int(torch.Size(shape).numel())
+            if len(shape) >= 2 and numel > 0:
+                n = int(shape[0])
+                m = numel // n
+                if n * m >= self.min_compression_rate * r * (n + m):
+                    matrices.append((off, numel, n, m, p_off, q_off))
+                    p_off += n * r
+                    q_off += m * r
+                    off += numel
+                    continue
+            dense.append((off, numel, d_off))
+            d_off += numel
+            off += numel
+        q_buf = torch.empty(q_off, dtype=torch.float32)
+        for i, (_, _, _, m, _, qo) in enumerate(matrices):
+            gen = torch.Generator().manual_seed(kernels.seed_mix(self.seed, layout.key_id, i))
+            q_buf[qo : qo + m * r] = torch.randn(m * r, generator=gen)
+        st = _PowerSGDBucket(
+            matrices=matrices,
+            dense=dense,
+            dense_buf=torch.empty(d_off, dtype=torch.float32, device=device),
+            p_buf=torch.empty(p_off, dtype=torch.float32, device=device),
+            q_buf=q_buf.to(device),
+            work=torch.empty(off, dtype=torch.float32, device=device),
+        )
+        loaded = self._loaded_q.pop(layout.key, None)
+        if loaded is not None:
+            if loaded.numel() != st.q_buf.numel():
+                raise ValueError(
+                    f"PowerSGD warm start for bucket {layout.key!r} has {loaded.numel()} "
+                    f"values, the bucket needs {st.q_buf.numel()}"
+                )
+            st.q_buf.copy_(loaded)
+        self._state[layout.key] = st
+        return st
+
+    def compress(self, flat, layout, residual):  # noqa: D102
+        st = self._bucket(layout, flat.device)
+        r = self.rank
+        v = st.work
+        if residual is not None:
+            torch.add(flat, residual, out=v)
+        else:
+            v.copy_(flat)
+        for off, numel, d_off in st.dense:
+            st.dense_buf[d_off : d_off + numel].copy_(v[off : off + numel])
+        for off, numel, n, m, po, qo in st.matrices:
+            mat = v[off : off + numel].view(n, m)
+            torch.matmul(mat, st.q_buf[qo : qo + m * r].view(m, r), out=st.p_buf[po : po + n * r].view(n, r))
+        return [st.dense_buf, st.p_buf], (st, residual)
+
+    def advance(self, round_index, payload, ctx):  # noqa: D102
+        if round_index != 1:
+            raise RuntimeError(f"PowerSGD has rounds 0 and 1, got {round_index}")
+        st, _ = ctx
+        r = self.rank
+        for off, numel, n, m, po, qo in st.matrices:
+            p = st.p_buf[po : po + n * r].view(n, r)
+            _orthogonalize_(p)
+            mat = st.work[off : off + numel].view(n, m)
+            torch.matmul(mat.t(), p, out=st.q_buf[qo : qo + m * r].view(m, r))
+        return [st.q_buf]
+
+    def decompress(self, payload, ctx, out, *, accumulate=False):  # noqa: D102
+        if accumulate:
+            raise RuntimeError("PowerSGD payloads are summable; decompress once per bucket")
+        st, residual = ctx
+        r = self.rank
+        for off, numel, d_off in st.dense:
+            out[off : off + numel].copy_(st.dense_buf[d_off : d_off + numel])
+        for off, numel, n, m, po, qo in st.matrices:
+            torch.matmul(
+                st.p_buf[po : po + n * r].view(n, r),
+                st.q_buf[qo : qo + m * r].view(m, r).t(),
+                out=out[off : off + numel].view(n, m),
+            )
+        if residual is not None:
+            # Matrices keep v - P Q^T (the paper's error w.r.t. the aggregated estimate);
+            # tensors sent uncompressed lose nothing, so their residual is zero.
+            new = st.work - out
+            for off, numel, _ in st.dense:
+                new[off : off + numel] = 0.0
+            residual.copy_(torch.where(torch.isfinite(new), new, residual))
+
+    def wire_bytes(self, layout):  # noqa: D102
+        r = self.rank
+        total = 0
+        for shape in layout.shapes:
+            numel = int(torch.Size(shape).numel())
+            if len(shape) >= 2 and numel > 0:
+                n = int(shape[0])
+                m = numel // n
+                if n * m >= self.min_compression_rate * r * (n + m):
+                    total += 4 * r * (n + m)
+                    continue
+            total += 4 * numel
+        return total
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        sd = super().state_dict()
+        sd["q"] = {k: st.q_buf.detach().cpu().clone() for k, st in self._state.items()}
+        return sd
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: D102
+        super().load_state_dict(state)
+        # Buckets not built yet pick their warm start up when first seen.
+        self._loaded_q = {k: q.clone() for k, q in state.get("q", {}).items()}
+        for key, st in self._state.items():
+            if key in self._loaded_q:
+                st.q_buf.copy_(self._loaded_q.pop(key))
+
+
+def _orthogonalize_(p: torch.Tensor, eps: float = 1e-8) -> None:
+    """Modified Gram-Schmidt on the columns of ``p`` ([n, r] fp32), in place.
+
+    ``eps`` keeps all-zero columns finite (as torch's PowerSGD hook does).
+    """
+    for i in range(p.shape[1]):
+        col = p[:, i : i + 1]
+        col.div_(torch.linalg.vector_norm(col) + eps)
+        if i + 1 < p.shape[1]:
+            rest = p[:, i + 1 :]
+            rest.sub_(col @ (col.t() @ rest))
+
+
+def make_compressor(
+    spec: str | CompressionSpec,
+    *,
+    seed: int = 0,
+    error_feedback: bool = True,
+    stochastic_rounding: bool = False,
+) -> Compressor:
+    """Build the compressor for a spec from the ``COMPRESSORS`` registry.
+
+    Args:
+        spec: spec string or ``CompressionSpec`` (see ``CompressionSpec.parse``).
+        seed: cross-rank seed; must be equal on every rank.
+        error_feedback: whether residuals will be passed to ``compress``.
+        stochastic_rounding: quantisers use unbiased stochastic rounding.
+
+    Returns:
+        A new compressor with empty state.
+
+    Raises:
+        ValueError: invalid spec (message lists valid forms).
+    """
+    parsed = CompressionSpec.parse(spec)
+    cls = COMPRESSORS[parsed.method]
+    return cls(parsed, seed=seed, error_feedback=error_feedback, stochastic_rounding=stochastic_rounding)

@@ -1,0 +1,74 @@
+"""The communication configuration an agent chooses: ``CommConfig``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from commgym.collectives.spec import CompressionSpec
+
+__all__ = ["CommConfig"]
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    """One communication configuration (frozen, validated).
+
+    Attributes:
+        compression: compression spec (string or ``CompressionSpec``; stored parsed),
+            e.g. ``"none"``, ``"fp16"``, ``"int4"``, ``"topk:0.01"``, ``"powersgd:2"``.
+        bucket_mb: tensor-fusion bucket size in MiB (> 0). DDP's default is 25.
+        sync_period: local-SGD period ``H`` (int >= 1). ``1`` synchronises gradients every
+            step; ``H > 1`` communicates no gradients and averages parameters (fp32,
+            lossless) once every ``H`` optimizer steps (Lin et al., "Don't Use Large
+            Mini-Batches, Use Local SGD", ICLR 2020). ``compression`` is not used then.
+        error_feedback: keep residuals for lossy compressors (ignored by lossless ones).
+        stochastic_rounding: quantisers (``int8/4/2``) round stochastically.
+
+    Raises:
+        ValueError: invalid compression spec, ``bucket_mb`` not a finite positive number,
+            ``sync_period`` not an integer >= 1; messages name the value.
+        TypeError: a flag is not a bool.
+    """
+
+    compression: CompressionSpec | str = "none"
+    bucket_mb: float = 25.0
+    sync_period: int = 1
+    error_feedback: bool = True
+    stochastic_rounding: bool = field(default=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compression", CompressionSpec.parse(self.compression))
+        bm = self.bucket_mb
+        if isinstance(bm, bool) or not isinstance(bm, int | float) or not math.isfinite(bm) or bm <= 0:
+            raise ValueError(f"bucket_mb must be a finite number > 0 (MiB), got {bm!r}")
+        object.__setattr__(self, "bucket_mb", float(bm))
+        sp = self.sync_period
+        if isinstance(sp, bool) or not isinstance(sp, int) or sp < 1:
+            raise ValueError(f"sync_period must be an integer >= 1 (optimizer steps), got {sp!r}")
+        for name in ("error_feedback", "stochastic_rounding"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    @property
+    def bucket_bytes(self) -> int:
+        """Bucket size in bytes (``bucket_mb * 2**20``)."""
+        return max(1, int(self.bucket_mb * 1024 * 1024))
+
+    @property
+    def local_sgd(self) -> bool:
+        """True when gradients are not communicated (``sync_period > 1``)."""
+        return self.sync_period > 1
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain-value dict (compression as its spec string), for logs and YAML."""
+        return {
+            "compression": str(self.compression),
+            "bucket_mb": self.bucket_mb,
+            "sync_period": self.sync_period,
+            "error_feedback": self.error_feedback,
+            "stochastic_rounding": self.stochastic_rounding,
+        }
+
+    def __str__(self) -> str:
+        return f"{self.compression}/{self.bucket_mb:g}MB/H{self.sync_period}"

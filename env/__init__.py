@@ -1,0 +1,1 @@
+"""commgym.env: the gymnasium environment over real all-reduce training runs (not built yet)."""

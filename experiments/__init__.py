@@ -1,0 +1,1 @@
+"""commgym.experiments: command line, benchmarks, tracking and reports."""

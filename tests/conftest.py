@@ -1,0 +1,48 @@
+"""Shared fixtures: persistent 2- and 4-rank gloo pools, GPU marker handling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.dist_pool import DistPool
+
+_POOLS: dict[int, DistPool] = {}
+
+
+def _pool(world_size: int) -> DistPool:
+    if world_size not in _POOLS:
+        _POOLS[world_size] = DistPool(world_size)
+    return _POOLS[world_size]
+
+
+@pytest.fixture(scope="session")
+def dist2() -> DistPool:
+    """Two gloo ranks on CPU."""
+    return _pool(2)
+
+
+@pytest.fixture(scope="session")
+def dist4() -> DistPool:
+    """Four gloo ranks on CPU."""
+    return _pool(4)
+
+
+@pytest.fixture(params=[2, 4], ids=["w2", "w4"])
+def dist_any(request) -> DistPool:
+    """Parametrised over 2 and 4 ranks."""
+    return _pool(request.param)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    for pool in _POOLS.values():
+        pool.close()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
