@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-
 from commgym.collectives.compressors import BucketLayout
 
-__all__ = ["BucketPlan"]
+__all__ = ["DEFAULT_FIRST_BUCKET_BYTES", "BucketPlan"]
+
+#: DDP's first-bucket cap (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``): 1 MiB.
+DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
 
 
 class BucketPlan:
@@ -17,11 +19,15 @@ class BucketPlan:
     Parameters are taken in *reverse* registration order (gradients of the last layers
     are ready first in backward), never split across buckets, and a bucket is closed as
     soon as it holds at least ``bucket_bytes``. A bucket holds one dtype and one device.
+    As in DDP, the first bucket is capped separately (``first_bucket_bytes``, 1 MiB by
+    default) so that communication starts early in backward.
 
     Args:
         params: parameters (typically ``model.parameters()``); those with
             ``requires_grad=False`` are skipped.
         bucket_bytes: target bucket size in bytes (> 0); DDP's default is 25 MiB.
+        first_bucket_bytes: target size of the first bucket; default
+            ``min(bucket_bytes, 1 MiB)`` (DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``).
 
     Attributes:
         params: the parameters that are bucketed, in registration order.
@@ -35,12 +41,28 @@ class BucketPlan:
         ValueError: ``bucket_bytes`` is not a positive number.
     """
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], bucket_bytes: float) -> None:
-        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int | float) or not bucket_bytes > 0:
-            raise ValueError(f"bucket_bytes must be a positive number, got {bucket_bytes!r}")
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        bucket_bytes: float,
+        first_bucket_bytes: float | None = None,
+    ) -> None:
+        for name, value in (
+            ("bucket_bytes", bucket_bytes),
+            ("first_bucket_bytes", first_bucket_bytes),
+        ):
+            if value is None and name == "first_bucket_bytes":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
         self.bucket_bytes_target = float(bucket_bytes)
+        self.first_bucket_bytes = float(
+            min(bucket_bytes, DEFAULT_FIRST_BUCKET_BYTES)
+            if first_bucket_bytes is None
+            else first_bucket_bytes
+        )
         self.params = [p for p in params if p.requires_grad]
-        buckets = BucketPlan._assign(self.params, bucket_bytes)
+        buckets = BucketPlan._assign(self.params, bucket_bytes, self.first_bucket_bytes)
         self.buckets = buckets
         self.bucket_of = [0] * len(self.params)
         self.views: list[torch.Tensor] = [None] * len(self.params)  # type: ignore[list-item]
@@ -77,15 +99,29 @@ class BucketPlan:
         """Sum of all buckets in bytes."""
         return sum(self.bucket_bytes)
 
-    def same_as(self, params: Iterable[torch.nn.Parameter], bucket_bytes: float) -> bool:
+    def same_as(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        bucket_bytes: float,
+        first_bucket_bytes: float | None = None,
+    ) -> bool:
         """Whether a plan for these arguments would have the same buckets."""
         other = [p for p in params if p.requires_grad]
-        if len(other) != len(self.params) or any(a is not b for a, b in zip(other, self.params, strict=True)):
+        if len(other) != len(self.params) or any(
+            a is not b for a, b in zip(other, self.params, strict=True)
+        ):
             return False
-        return BucketPlan._assign(self.params, bucket_bytes) == self.buckets
+        first = (
+            min(bucket_bytes, DEFAULT_FIRST_BUCKET_BYTES)
+            if first_bucket_bytes is None
+            else first_bucket_bytes
+        )
+        return BucketPlan._assign(self.params, bucket_bytes, first) == self.buckets
 
     @staticmethod
-    def _assign(params: list[torch.nn.Parameter], bucket_bytes: float) -> list[list[int]]:
+    def _assign(
+        params: list[torch.nn.Parameter], bucket_bytes: float, first_bucket_bytes: float
+    ) -> list[list[int]]:
         buckets: list[list[int]] = []
         current: list[int] = []
         current_bytes = 0
@@ -93,7 +129,8 @@ class BucketPlan:
         for i in reversed(range(len(params))):
             p = params[i]
             kind = (p.dtype, p.device)
-            if current and (kind != current_kind or current_bytes >= bucket_bytes):
+            cap = first_bucket_bytes if not buckets else bucket_bytes
+            if current and (kind != current_kind or current_bytes >= cap):
                 buckets.append(current)
                 current, current_bytes = [], 0
             current.append(i)

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-
 from commgym.collectives import kernels
 from commgym.collectives.spec import COMPRESSORS, CompressionSpec, register_compressor
 
@@ -73,6 +72,8 @@ class Compressor(ABC):
         error_feedback: whether the caller passes residuals (changes only estimators
             that depend on it, e.g. random-k's unbiased scaling).
         stochastic_rounding: quantisers round stochastically (unbiased) when True.
+        world_size: number of ranks whose payloads are combined (used by methods whose
+            error feedback is defined on the aggregate, i.e. PowerSGD).
     """
 
     name: ClassVar[str]
@@ -94,8 +95,12 @@ class Compressor(ABC):
         seed: int = 0,
         error_feedback: bool = True,
         stochastic_rounding: bool = False,
+        world_size: int = 1,
     ) -> None:
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
         self.spec = spec
+        self.world_size = world_size
         self.seed = int(seed)
         self.error_feedback = bool(error_feedback)
         self.stochastic_rounding = bool(stochastic_rounding)
@@ -122,7 +127,9 @@ class Compressor(ABC):
             ``(payload, ctx)``: the tensors to communicate and local context for decoding.
         """
 
-    def advance(self, round_index: int, payload: list[torch.Tensor], ctx: Any) -> list[torch.Tensor]:
+    def advance(
+        self, round_index: int, payload: list[torch.Tensor], ctx: Any
+    ) -> list[torch.Tensor]:
         """Produce round ``round_index``'s payload from the reduced previous round.
 
         Raises:
@@ -166,9 +173,16 @@ class Compressor(ABC):
         self._calls[layout.key] = calls + 1
         return kernels.seed_mix(self.seed, layout.key_id, calls)
 
-    def _buffer(self, layout: BucketLayout, tag: str, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
+    def _buffer(
+        self, layout: BucketLayout, tag: str, numel: int, dtype: torch.dtype, device
+    ) -> torch.Tensor:
         buf = self._buffers.get((layout.key, tag))
-        if buf is None or buf.numel() != numel or buf.dtype != dtype or buf.device != torch.device(device):
+        if (
+            buf is None
+            or buf.numel() != numel
+            or buf.dtype != dtype
+            or buf.device != torch.device(device)
+        ):
             buf = torch.empty(numel, dtype=dtype, device=device)
             self._buffers[(layout.key, tag)] = buf
         return buf
@@ -205,18 +219,18 @@ class _HalfCompressor(Compressor):
     summable = True
     wire_dtype: ClassVar[torch.dtype]
 
-    def compress(self, flat, layout, residual):  # noqa: D102
+    def compress(self, flat, layout, residual):
         buf = self._buffer(layout, "wire", flat.numel(), self.wire_dtype, flat.device)
         buf.copy_(flat)
         return [buf], None
 
-    def decompress(self, payload, ctx, out, *, accumulate=False):  # noqa: D102
+    def decompress(self, payload, ctx, out, *, accumulate=False):
         if accumulate:
             out.add_(payload[0].float())
         else:
             out.copy_(payload[0])
 
-    def wire_bytes(self, layout):  # noqa: D102
+    def wire_bytes(self, layout):
         return 2 * layout.numel
 
 
@@ -404,6 +418,7 @@ class _PowerSGDBucket:
     dense_buf: torch.Tensor
     p_buf: torch.Tensor
     q_buf: torch.Tensor  # warm-started Q, persistent across steps
+    q_init: torch.Tensor  # the seeded initial Q, restored where Q turned non-finite
     work: torch.Tensor  # v = gradient + residual
 
 
@@ -416,10 +431,11 @@ class PowerSGDCompressor(Compressor):
     tensor of a bucket with ``ndim >= 2`` is viewed as an ``n x m`` matrix ``M`` (first
     dimension by the rest); it is compressed when ``n * m >= 2 * r * (n + m)`` (at least
     2x smaller), otherwise it is sent uncompressed with the 1-D tensors. Round 1
-    all-reduces ``[dense part, P = M Q]``; ``P`` is orthonormalised (Gram-Schmidt); round 2
+    all-reduces ``[dense part, P = M Q]``; ``P`` is orthonormalised (QR); round 2
     all-reduces ``Q = M^T P``; the estimate is ``P Q^T``. ``Q`` is initialised from a
     generator seeded with ``(seed, bucket key, tensor index)`` (identical on all ranks) and
-    warm-started from the previous step. Error feedback keeps ``M - P Q^T``.
+    warm-started from the previous step (and restored to its initial value where a
+    non-finite gradient made it NaN/inf). Error feedback keeps ``M - P Q^T``.
 
     Tuning (from the paper): rank 1-4 suffices for most CNNs; rank changes reset the warm
     start (a new compressor is built).
@@ -472,7 +488,8 @@ class PowerSGDCompressor(Compressor):
             dense=dense,
             dense_buf=torch.empty(d_off, dtype=torch.float32, device=device),
             p_buf=torch.empty(p_off, dtype=torch.float32, device=device),
-            q_buf=q_buf.to(device),
+            q_buf=q_buf.to(device, copy=True),
+            q_init=q_buf.to(device, copy=True),
             work=torch.empty(off, dtype=torch.float32, device=device),
         )
         loaded = self._loaded_q.pop(layout.key, None)
@@ -498,7 +515,9 @@ class PowerSGDCompressor(Compressor):
             st.dense_buf[d_off : d_off + numel].copy_(v[off : off + numel])
         for off, numel, n, m, po, qo in st.matrices:
             mat = v[off : off + numel].view(n, m)
-            torch.matmul(mat, st.q_buf[qo : qo + m * r].view(m, r), out=st.p_buf[po : po + n * r].view(n, r))
+            torch.matmul(
+                mat, st.q_buf[qo : qo + m * r].view(m, r), out=st.p_buf[po : po + n * r].view(n, r)
+            )
         return [st.dense_buf, st.p_buf], (st, residual)
 
     def advance(self, round_index, payload, ctx):  # noqa: D102
@@ -526,10 +545,14 @@ class PowerSGDCompressor(Compressor):
                 st.q_buf[qo : qo + m * r].view(m, r).t(),
                 out=out[off : off + numel].view(n, m),
             )
+        # A non-finite gradient (flagged by the caller) must not poison the warm start.
+        torch.where(torch.isfinite(st.q_buf), st.q_buf, st.q_init, out=st.q_buf)
         if residual is not None:
-            # Matrices keep v - P Q^T (the paper's error w.r.t. the aggregated estimate);
-            # tensors sent uncompressed lose nothing, so their residual is zero.
-            new = st.work - out
+            # The paper keeps e_r = M_r - P Q^T per worker (error w.r.t. the aggregated
+            # estimate). Inputs here are pre-divided by W (v_r = M_r / W), so the same
+            # error is v_r - P Q^T / W, and sum_r e_r is the aggregate's error. Tensors
+            # sent uncompressed lose nothing, so their residual is zero.
+            new = st.work - out / self.world_size
             for off, numel, _ in st.dense:
                 new[off : off + numel] = 0.0
             residual.copy_(torch.where(torch.isfinite(new), new, residual))
@@ -562,17 +585,15 @@ class PowerSGDCompressor(Compressor):
                 st.q_buf.copy_(self._loaded_q.pop(key))
 
 
-def _orthogonalize_(p: torch.Tensor, eps: float = 1e-8) -> None:
-    """Modified Gram-Schmidt on the columns of ``p`` ([n, r] fp32), in place.
+def _orthogonalize_(p: torch.Tensor) -> None:
+    """Orthonormalise the columns of ``p`` ([n, r] fp32, r <= n) in place.
 
-    ``eps`` keeps all-zero columns finite (as torch's PowerSGD hook does).
+    Householder QR (``torch.linalg.qr``) rather than Gram-Schmidt: when ``P`` is rank
+    deficient (the mean gradient has rank < r) Gram-Schmidt normalises rounding noise
+    into columns that are not orthogonal, which double-counts the estimate. ``P`` is
+    identical on every rank (all-reduced), so the factorisation is too.
     """
-    for i in range(p.shape[1]):
-        col = p[:, i : i + 1]
-        col.div_(torch.linalg.vector_norm(col) + eps)
-        if i + 1 < p.shape[1]:
-            rest = p[:, i + 1 :]
-            rest.sub_(col @ (col.t() @ rest))
+    p.copy_(torch.linalg.qr(p, mode="reduced").Q)
 
 
 def make_compressor(
@@ -581,6 +602,7 @@ def make_compressor(
     seed: int = 0,
     error_feedback: bool = True,
     stochastic_rounding: bool = False,
+    world_size: int = 1,
 ) -> Compressor:
     """Build the compressor for a spec from the ``COMPRESSORS`` registry.
 
@@ -589,6 +611,7 @@ def make_compressor(
         seed: cross-rank seed; must be equal on every rank.
         error_feedback: whether residuals will be passed to ``compress``.
         stochastic_rounding: quantisers use unbiased stochastic rounding.
+        world_size: ranks whose payloads are combined (the communicator's world size).
 
     Returns:
         A new compressor with empty state.
@@ -598,4 +621,10 @@ def make_compressor(
     """
     parsed = CompressionSpec.parse(spec)
     cls = COMPRESSORS[parsed.method]
-    return cls(parsed, seed=seed, error_feedback=error_feedback, stochastic_rounding=stochastic_rounding)
+    return cls(
+        parsed,
+        seed=seed,
+        error_feedback=error_feedback,
+        stochastic_rounding=stochastic_rounding,
+        world_size=world_size,
+    )

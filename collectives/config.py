@@ -40,7 +40,12 @@ class CommConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "compression", CompressionSpec.parse(self.compression))
         bm = self.bucket_mb
-        if isinstance(bm, bool) or not isinstance(bm, int | float) or not math.isfinite(bm) or bm <= 0:
+        if (
+            isinstance(bm, bool)
+            or not isinstance(bm, int | float)
+            or not math.isfinite(bm)
+            or bm <= 0
+        ):
             raise ValueError(f"bucket_mb must be a finite number > 0 (MiB), got {bm!r}")
         object.__setattr__(self, "bucket_mb", float(bm))
         sp = self.sync_period

@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from commgym.collectives.compressors import BucketLayout, Compressor, make_compressor
 from commgym.collectives.residual import ResidualMemory
 from commgym.collectives.spec import CompressionSpec
@@ -83,7 +82,9 @@ def ddp_comm_hook(
         ValueError: invalid spec.
     """
     state = DDPHookState(
-        compressor=make_compressor(spec, seed=seed, error_feedback=error_feedback),
+        compressor=make_compressor(
+            spec, seed=seed, error_feedback=error_feedback, world_size=dist.get_world_size(group)
+        ),
         error_feedback=error_feedback,
         group=group,
     )
@@ -128,7 +129,10 @@ def ddp_comm_hook(
                 else:
                     flat.zero_()
                     for r in range(world):
-                        part = [t[r * (t.numel() // world) : (r + 1) * (t.numel() // world)] for t in outs]
+                        part = [
+                            t[r * (t.numel() // world) : (r + 1) * (t.numel() // world)]
+                            for t in outs
+                        ]
                         comp.decompress(part, ctx, flat, accumulate=True)
                 return flat
 
@@ -140,4 +144,10 @@ def ddp_comm_hook(
             return fut.then(finish)
         raise AssertionError("unreachable: compressors have at least one round")
 
+    # DDP checks these annotations at registration; real objects, not strings.
+    hook.__annotations__ = {
+        "state": DDPHookState,
+        "bucket": dist.GradBucket,
+        "return": torch.futures.Future[torch.Tensor],
+    }
     return state, hook

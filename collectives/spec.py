@@ -123,7 +123,10 @@ class CompressionSpec:
         if isinstance(spec, CompressionSpec):
             return spec
         if not isinstance(spec, str):
-            raise TypeError(f"compression spec must be a string, got {type(spec).__name__}")
+            raise TypeError(
+                f"compression spec must be a string such as 'topk:0.01', got "
+                f"{spec!r} ({type(spec).__name__}). Valid forms: {', '.join(VALID_SPEC_FORMS)}"
+            )
         text = spec.strip().lower()
         method, sep, arg = text.partition(":")
         method = method.strip()
@@ -135,13 +138,16 @@ class CompressionSpec:
                 what = "a density in (0, 1]" if kind == "density" else "an integer rank >= 1"
                 raise ValueError(
                     f"compression spec {spec!r}: {method} needs {what}, e.g. "
-                    f"'{method}:{'0.01' if kind == 'density' else '4'}'"
+                    f"'{method}:{'0.01' if kind == 'density' else '4'}'. "
+                    f"Valid forms: {', '.join(VALID_SPEC_FORMS)}"
                 )
             return cls(method)
         arg = arg.strip()
         try:
-            value: float | int = int(arg) if kind == "rank" else float(arg.rstrip("%")) / (
-                100.0 if arg.endswith("%") else 1.0
+            value: float | int = (
+                int(arg)
+                if kind == "rank"
+                else float(arg.rstrip("%")) / (100.0 if arg.endswith("%") else 1.0)
             )
         except ValueError:
             raise ValueError(
@@ -153,14 +159,19 @@ class CompressionSpec:
                 f"compression spec {spec!r}: {method!r} takes no parameter. "
                 f"Valid forms: {', '.join(VALID_SPEC_FORMS)}"
             )
-        return cls(method, value)
+        try:
+            return cls(method, value)
+        except ValueError as err:
+            detail = str(err).split(": ", 1)[-1]
+            raise ValueError(
+                f"compression spec {spec!r}: {detail}. Valid forms: {', '.join(VALID_SPEC_FORMS)}"
+            ) from None
 
     def __str__(self) -> str:
         if self.param is None:
             return self.method
-        if isinstance(self.param, float):
-            return f"{self.method}:{self.param:g}"
-        return f"{self.method}:{self.param}"
+        text = repr(self.param)  # shortest string that round-trips
+        return f"{self.method}:{text[:-2] if text.endswith('.0') else text}"
 
     @property
     def lossless(self) -> bool:

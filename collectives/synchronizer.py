@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from commgym.collectives.averaging import PeriodicAverager
 from commgym.collectives.bucketing import BucketPlan
 from commgym.collectives.compressors import Compressor, make_compressor
@@ -211,6 +210,7 @@ class GradientSynchronizer:
             seed=self.seed,
             error_feedback=config.error_feedback,
             stochastic_rounding=config.stochastic_rounding,
+            world_size=self.world_size,
         )
         self._residuals.reset()
         self._averager.period = config.sync_period
@@ -309,7 +309,10 @@ class GradientSynchronizer:
                 ref = self._err_ref[b] = torch.empty_like(flat, dtype=torch.float32)
             ref.copy_(flat)
         if not comp.propagates_nonfinite and flat.numel():
-            bad = torch.logical_not(torch.isfinite(flat).all()).to(torch.int32)
+            # min/max are NaN or +-inf iff some element is: exact and ~20x cheaper
+            # than isfinite(flat).all() on CPU
+            lo, hi = torch.aminmax(flat)
+            bad = torch.logical_not(torch.isfinite(lo) & torch.isfinite(hi)).to(torch.int32)
             if st.nonfinite_local is None:
                 st.nonfinite_local = bad.reshape(1).clone()
             else:
@@ -325,7 +328,9 @@ class GradientSynchronizer:
         works, gathered = self._issue(b, 0, payload)
         st.inflight[b] = _Inflight(0, payload, ctx, works, gathered)
 
-    def _issue(self, b: int, rnd: int, payload: list[torch.Tensor]) -> tuple[list[Any], list[torch.Tensor]]:
+    def _issue(
+        self, b: int, rnd: int, payload: list[torch.Tensor]
+    ) -> tuple[list[Any], list[torch.Tensor]]:
         st = self._state
         works: list[Any] = []
         gathered: list[torch.Tensor] = []
@@ -340,7 +345,11 @@ class GradientSynchronizer:
             else:
                 key = (b, rnd, j)
                 out = self._gather_bufs.get(key)
-                if out is None or out.numel() != t.numel() * self.world_size or out.dtype != t.dtype:
+                if (
+                    out is None
+                    or out.numel() != t.numel() * self.world_size
+                    or out.dtype != t.dtype
+                ):
                     out = self._gather_bufs[key] = t.new_empty(t.numel() * self.world_size)
                 works.append(all_gather_flat(out, t, group=self.group, async_op=True))
                 gathered.append(out)
@@ -435,12 +444,14 @@ class GradientSynchronizer:
 
         # ---- outside the measured region: resolve timings and statistics ----
         compress_s = sum(clock.seconds(a, c) for a, c in st.compress_spans)
-        hook_compress_s = sum(clock.seconds(a, c) for a, c in st.compress_spans[: st.hook_compress_spans])
+        hook_compress_s = sum(
+            clock.seconds(a, c) for a, c in st.compress_spans[: st.hook_compress_spans]
+        )
         comm_wait_s = sum(clock.seconds(a, c) for a, c in st.wait_spans)
         compute_s = max(0.0, clock.seconds(st.t_forward, t_start) - hook_compress_s)
         clock.seconds(t_start, t_end)  # ensures all events resolved
-        out_bad = any(bool(torch.logical_not(torch.isfinite(buf).all())) for buf in plan.buffers)
-        nonfinite = out_bad or (
+        grad_norm = _norm(plan.buffers)  # non-finite iff some element is
+        nonfinite = not math.isfinite(grad_norm) or (
             st.nonfinite_local is not None and int(st.nonfinite_local.sum()) > 0
         )
         error = self._compression_error(nonfinite)
@@ -452,7 +463,7 @@ class GradientSynchronizer:
             compress_s=compress_s,
             bucket_bytes=tuple(plan.bucket_bytes),
             compression_error=error,
-            grad_norm=_norm(plan.buffers),
+            grad_norm=grad_norm,
             nonfinite=nonfinite,
             synchronized=True,
             collectives=st.collectives,
@@ -544,7 +555,9 @@ class GradientSynchronizer:
         unknown = set(self._residuals.keys()) - keys
         if unknown:
             self._residuals.reset()
-            raise ValueError(f"residuals for unknown buckets {sorted(unknown)}; known: {sorted(keys)}")
+            raise ValueError(
+                f"residuals for unknown buckets {sorted(unknown)}; known: {sorted(keys)}"
+            )
         self.compressor.load_state_dict(state["compressor"])
         self._averager.load_state_dict(state["averager"])
         self._step = int(state["step"])

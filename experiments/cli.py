@@ -24,34 +24,56 @@ def bench_sync(
     world_size: int = typer.Option(2, "--world-size", min=2, help="Number of gloo ranks."),
     steps: int = typer.Option(30, "--steps", min=3, help="Measured steps per configuration."),
     warmup: int = typer.Option(5, "--warmup", min=0, help="Unmeasured warm-up steps."),
-    bucket_mb: float = typer.Option(25.0, "--bucket-mb", help="Bucket size in MiB for both DDP and commgym."),
-    model: str = typer.Option("mlp", "--model", help="Benchmark model: 'mlp' (digits-sized) or 'wide' (~10M params)."),
+    bucket_mb: float = typer.Option(
+        25.0, "--bucket-mb", help="Bucket size in MiB for both DDP and commgym."
+    ),
+    model: str = typer.Option(
+        "mlp", "--model", help="Benchmark model: 'mlp' (digits-sized) or 'wide' (~10M params)."
+    ),
     compressors: str = typer.Option(
         "none,fp16,bf16,int8,int4,int2,topk:0.01,randomk:0.01,powersgd:4",
         "--compressors",
         help="Comma-separated compression specs to measure besides DDP.",
     ),
-    rounds: int = typer.Option(3, "--rounds", min=1, help="Interleaved repetitions (ratios use all)."),
+    rounds: int = typer.Option(
+        3, "--rounds", min=1, help="Interleaved repetitions (ratios use all)."
+    ),
+    json_path: str | None = typer.Option(None, "--json", help="Also write results as JSON here."),
+    timeout_s: float | None = typer.Option(
+        None, "--timeout-s", help="Kill the ranks after this many seconds (default: from steps)."
+    ),
 ) -> None:
-    """torch DDP vs GradientSynchronizer (same model, buckets, gloo ranks) and every compressor."""
+    """Torch DDP vs GradientSynchronizer (same model, buckets, gloo ranks) and every compressor."""
+    from commgym.collectives import WorkerFailed
     from commgym.experiments.bench import run_sync_benchmark
 
-    run_sync_benchmark(
-        world_size=world_size,
-        steps=steps,
-        warmup=warmup,
-        bucket_mb=bucket_mb,
-        model=model,
-        compressors=[c.strip() for c in compressors.split(",") if c.strip()],
-        rounds=rounds,
-    )
+    try:
+        run_sync_benchmark(
+            world_size=world_size,
+            steps=steps,
+            warmup=warmup,
+            bucket_mb=bucket_mb,
+            model=model,
+            compressors=[c.strip() for c in compressors.split(",") if c.strip()],
+            rounds=rounds,
+            json_path=json_path,
+            timeout_s=timeout_s,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    except WorkerFailed as exc:  # already printed with the ranks' output
+        raise typer.Exit(code=1) from exc
 
 
 @bench_app.command("kernels")
 def bench_kernels(
-    sizes_mb: str = typer.Option("1,16,64,256", "--sizes-mb", help="Comma-separated buffer sizes in MiB."),
+    sizes_mb: str = typer.Option(
+        "1,16,64,256", "--sizes-mb", help="Comma-separated buffer sizes in MiB."
+    ),
     repeats: int = typer.Option(10, "--repeats", min=1, help="Timed repetitions per measurement."),
-    device: str = typer.Option("auto", "--device", help="'auto' (cuda if available), 'cuda' or 'cpu'."),
+    device: str = typer.Option(
+        "auto", "--device", help="'auto' (cuda if available), 'cuda' or 'cpu'."
+    ),
 ) -> None:
     """Throughput of each compression kernel next to a device-to-device copy."""
     from commgym.experiments.bench_kernels import run_kernel_benchmark

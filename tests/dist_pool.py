@@ -37,7 +37,7 @@ def _worker(rank: int, world: int, init_file: str, inbox, outbox) -> None:
         fn, args, kwargs = job
         try:
             outbox.put((rank, True, fn(rank, world, *args, **kwargs)))
-        except BaseException:  # noqa: BLE001 - reported to the parent with traceback
+        except BaseException:
             outbox.put((rank, False, traceback.format_exc()))
     dist.destroy_process_group()
 
@@ -57,7 +57,11 @@ class DistPool:
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(self.world_size)]
         self._procs = [
-            ctx.Process(target=_worker, args=(r, self.world_size, init_file, self._inboxes[r], self._outbox), daemon=True)
+            ctx.Process(
+                target=_worker,
+                args=(r, self.world_size, init_file, self._inboxes[r], self._outbox),
+                daemon=True,
+            )
             for r in range(self.world_size)
         ]
         for p in self._procs:
@@ -83,7 +87,9 @@ class DistPool:
                     break
         except queue.Empty:
             self.close()
-            raise TimeoutError(f"{fn.__name__} did not finish on {self.world_size} ranks in {timeout_s}s") from None
+            raise TimeoutError(
+                f"{fn.__name__} did not finish on {self.world_size} ranks in {timeout_s}s"
+            ) from None
         if errors:
             self.close()
             raise AssertionError("\n".join(errors))
@@ -94,7 +100,7 @@ class DistPool:
         for q in getattr(self, "_inboxes", []):
             try:
                 q.put(None)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         for p in self._procs:
             p.join(timeout=5)

@@ -22,7 +22,9 @@ per-chunk max scaling:
 * ``q = clamp(floor(v / scale * 1 + 0.5), -qmax, qmax)`` (round half up) or, stochastic,
   ``floor(v / scale + u)`` with ``u = hash_uniform(seed, index)``; implemented as
   ``v * (qmax / max|v|)``;
-* a chunk whose max is 0 encodes zeros with scale 0; a chunk holding NaN/inf encodes
+* a chunk whose max is 0 encodes zeros with scale 0, and so does a chunk whose max is so
+  small that ``qmax / max`` overflows fp32 (max < ~1e-37; decodes to 0 times its tiny
+  scale); a chunk holding NaN/inf encodes
   zeros with a non-finite scale, so it decodes to NaN (the non-finite value propagates
   and is flagged by the synchronizer, as an uncompressed all-reduce would);
 * packing: ``u = q + qmax`` stored in ``bits`` bits, ``8 // bits`` elements per byte,
@@ -169,8 +171,16 @@ def quantize_ef(
     n = x.numel()
     nch = num_chunks(n, chunk_size)
     nbytes = packed_nbytes(n, bits)
-    codes = out_codes if out_codes is not None else torch.empty(nbytes, dtype=torch.uint8, device=x.device)
-    scales = out_scales if out_scales is not None else torch.empty(nch, dtype=torch.float32, device=x.device)
+    codes = (
+        out_codes
+        if out_codes is not None
+        else torch.empty(nbytes, dtype=torch.uint8, device=x.device)
+    )
+    scales = (
+        out_scales
+        if out_scales is not None
+        else torch.empty(nch, dtype=torch.float32, device=x.device)
+    )
     if codes.numel() != nbytes or scales.numel() != nch:
         raise ValueError(
             f"quantize_ef: destinations hold {codes.numel()} bytes / {scales.numel()} scales, "
@@ -184,7 +194,11 @@ def quantize_ef(
     amax = vp.abs().amax(dim=1)
     scales.copy_(amax / qmax)
     ok = torch.isfinite(amax) & (amax > 0)
-    inv = torch.where(ok, qmax / torch.where(ok, amax, 1.0), 0.0)
+    inv = qmax / torch.where(ok, amax, 1.0)
+    # a chunk whose max is below qmax / FLT_MAX (~1e-37) would need an infinite inverse
+    # scale: it encodes zeros (error feedback keeps those values in the residual)
+    ok &= torch.isfinite(inv)
+    inv = torch.where(ok, inv, 0.0)
     y = torch.where(ok[:, None], vp * inv[:, None], 0.0)
     if stochastic:
         idx = torch.arange(nch * chunk_size, device=x.device).view(nch, chunk_size)
@@ -373,4 +387,4 @@ def topk_k(numel: int, density: float) -> int:
     """``k = max(1, round(density * numel))`` (0 for an empty bucket), capped at ``numel``."""
     if numel == 0:
         return 0
-    return min(numel, max(1, int(math.floor(density * numel + 0.5))))
+    return min(numel, max(1, math.floor(density * numel + 0.5)))
