@@ -218,6 +218,7 @@ class GradientSynchronizer:
         self._averager.steps = 0
         self._step = 0
         self._opt_steps = 0
+        self._measure_next = False
         self._new_step_state()
 
     def _detach_grads(self, plan: BucketPlan) -> None:
@@ -259,7 +260,8 @@ class GradientSynchronizer:
         )
 
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
-        if self._state.t_forward is None:
+        # only training forwards start a step (evaluation under no_grad does not)
+        if self._state.t_forward is None and torch.is_grad_enabled():
             self._state.t_forward = self._clock.mark()
 
     def _on_grad_ready(self, index: int, param: torch.Tensor) -> None:
@@ -360,11 +362,15 @@ class GradientSynchronizer:
     # -- the step -----------------------------------------------------------------
     @property
     def _measuring(self) -> bool:
-        return (
-            self.error_every > 0
-            and not self.config.compression.lossless
-            and self._step % self.error_every == 0
-        )
+        if self.config.compression.lossless:
+            return False
+        if self._measure_next:
+            return True
+        return self.error_every > 0 and self._step % self.error_every == 0
+
+    def request_error_measurement(self) -> None:
+        """Measure ``compression_error`` on the next step regardless of ``error_every``."""
+        self._measure_next = True
 
     @torch.no_grad()
     def synchronize(self) -> StepStats:
@@ -469,6 +475,7 @@ class GradientSynchronizer:
             collectives=st.collectives,
         )
         self._step += 1
+        self._measure_next = False
         self._new_step_state()
         return stats
 
@@ -530,6 +537,21 @@ class GradientSynchronizer:
             return AveragingStats(False, 0, 0.0, self._opt_steps)
         averaged, nbytes, secs = self._averager.step()
         return AveragingStats(averaged, nbytes, secs, self._opt_steps)
+
+    @torch.no_grad()
+    def consensus(self) -> AveragingStats:
+        """Average parameters now if local-SGD steps left the replicas apart.
+
+        A collective when there are un-averaged local steps (every rank must call it at
+        the same point); a no-op otherwise (``sync_period == 1`` keeps replicas equal).
+
+        Returns:
+            :class:`AveragingStats` (``averaged`` False when nothing had to be done).
+        """
+        if self.config.sync_period == 1 or self._averager.steps_since_average == 0:
+            return AveragingStats(False, 0, 0.0, self._opt_steps)
+        nbytes, secs = self._averager.average()
+        return AveragingStats(True, nbytes, secs, self._opt_steps)
 
     # -- state --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,1 +1,44 @@
-"""commgym.env: the gymnasium environment over real all-reduce training runs (not built yet)."""
+"""commgym.env: a gymnasium environment over real torchrun-launched all-reduce training.
+
+Importing this package registers ``commgym/AllReduce-v0``::
+
+    import gymnasium, commgym.env
+    env = gymnasium.make("commgym/AllReduce-v0", workload="mlp-digits", world_size=2)
+
+In a fresh process that has not imported ``commgym.env`` (e.g. SB3's ``SubprocVecEnv``
+workers) use ``"commgym.env:commgym/AllReduce-v0"``: gymnasium imports the module first.
+
+This package never imports stable-baselines3 or MLflow.
+"""
+
+import gymnasium
+from commgym.env.allreduce_env import AllReduceEnv, EnvConfig, FlattenAction
+from commgym.env.cluster import Cluster
+from commgym.env.spaces import (
+    OBSERVATION_FIELDS,
+    REWARDS,
+    ActionMenu,
+    ObservationBuilder,
+    RewardContext,
+)
+
+__all__ = [
+    "OBSERVATION_FIELDS",
+    "REWARDS",
+    "ActionMenu",
+    "AllReduceEnv",
+    "Cluster",
+    "EnvConfig",
+    "FlattenAction",
+    "ObservationBuilder",
+    "RewardContext",
+]
+
+if "commgym/AllReduce-v0" not in gymnasium.registry:
+    gymnasium.register(
+        id="commgym/AllReduce-v0",
+        entry_point="commgym.env.allreduce_env:AllReduceEnv",
+        # observations hold measured wall times: identical seeds and actions give
+        # identical losses, not identical timings
+        nondeterministic=True,
+    )

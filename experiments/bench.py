@@ -221,7 +221,7 @@ def _print_report(console: Console, summary: dict[str, Any], meta: dict[str, Any
     )
 
 
-def run_sync_benchmark(  # noqa: PLR0917 - positional order is the CLI's documented API
+def run_sync_benchmark(
     world_size: int = 2,
     steps: int = 30,
     warmup: int = 5,

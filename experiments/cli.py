@@ -85,6 +85,41 @@ def bench_kernels(
     )
 
 
+@bench_app.command("env")
+def bench_env(
+    workload: str = typer.Option("mlp-digits", "--workload", help="Workload name."),
+    world_size: int = typer.Option(2, "--world-size", min=1, help="Number of gloo ranks."),
+    steps_per_decision: int = typer.Option(
+        10, "--steps-per-decision", min=1, help="Training iterations per env step."
+    ),
+    decisions: int = typer.Option(
+        60, "--decisions", min=4, help="Env steps (the first 3 are warm-up)."
+    ),
+    actions: str = typer.Option(
+        "cycle", "--actions", help="'cycle' (every menu entry in turn) or 'fixed' (DDP default)."
+    ),
+    json_path: str | None = typer.Option(None, "--json", help="Also write results as JSON here."),
+) -> None:
+    """Median env-step wall time vs the ranks' own training time (overhead ratio)."""
+    from commgym.collectives import WorkerFailed
+    from commgym.experiments.bench_env import run_env_benchmark
+
+    try:
+        run_env_benchmark(
+            workload=workload,
+            world_size=world_size,
+            steps_per_decision=steps_per_decision,
+            decisions=decisions,
+            actions=actions,
+            json_path=json_path,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    except WorkerFailed as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=1) from exc
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -1,0 +1,457 @@
+"""``commgym/AllReduce-v0``: a gymnasium environment over real all-reduce training runs."""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from commgym.collectives.errors import CommgymError
+from commgym.env.cluster import Cluster
+from commgym.env.spaces import REWARDS, ActionMenu, ObservationBuilder, RewardContext
+from gymnasium import spaces
+
+__all__ = ["RESET_TIMEOUT_S", "AllReduceEnv", "EnvConfig", "FlattenAction"]
+
+#: Minimum deadline of the ``reset`` command (model/data rebuild), seconds.
+RESET_TIMEOUT_S = 120.0
+
+
+@dataclass
+class EnvConfig:
+    """Configuration of :class:`AllReduceEnv` (also accepted as ``gymnasium.make`` kwargs).
+
+    Attributes:
+        workload: name in ``WORKLOADS`` (``mlp-digits``, ``cnn-digits``, ``charlm``,
+            ``wide-mlp``) or a custom one registered in a module listed in
+            ``workload_modules`` (ranks are separate processes and import those modules).
+        world_size: number of ranks (processes), >= 1.
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
+        device: ``"cpu"`` or ``"cuda"`` (``cuda`` implies ``nccl``).
+        steps_per_decision: training iterations per ``step()`` (K), >= 1.
+        time_budget_s: training wall time per episode (sum over decisions of the slowest
+            rank's training time); reaching it truncates the episode.
+        target_loss: held-out loss that ends the episode (``terminated``); required by
+            ``reward="time_to_target"``.
+        reward: ``"log_progress"`` (default), ``"time_to_target"`` or ``"throughput"``.
+        action_menu: :class:`ActionMenu` or a dict of lists.
+        network: emulated network spec; only ``None`` (unshaped) is available so far.
+        seed: base seed (episode seeds are drawn from it unless ``reset(seed=...)``).
+        timeout_s: deadline of every command to the ranks (must exceed one decision).
+        batch_size: per-rank batch size (default: the workload's).
+        lr: learning rate (default: the workload's).
+        threads_per_rank: torch threads per rank.
+        workload_modules: modules each rank imports (custom workload registration).
+        max_decisions: optional hard cap on decisions per episode (truncation).
+
+    Raises:
+        ValueError: invalid values (messages name the value and what is valid).
+    """
+
+    workload: str = "mlp-digits"
+    world_size: int = 2
+    backend: str = "gloo"
+    device: str = "cpu"
+    steps_per_decision: int = 10
+    time_budget_s: float = 30.0
+    target_loss: float | None = None
+    reward: str = "log_progress"
+    action_menu: ActionMenu | dict[str, Any] | None = None
+    network: str | None = None
+    seed: int = 0
+    timeout_s: float = 120.0
+    batch_size: int | None = None
+    lr: float | None = None
+    threads_per_rank: int = 1
+    workload_modules: tuple[str, ...] = ()
+    max_decisions: int | None = None
+    menu: ActionMenu = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        def positive_int(name: str) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+
+        for name in ("world_size", "steps_per_decision", "threads_per_rank"):
+            positive_int(name)
+        for name in ("batch_size", "max_decisions"):
+            if getattr(self, name) is not None:
+                positive_int(name)
+        for name in ("time_budget_s", "timeout_s"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {v!r}")
+        if self.lr is not None and not (isinstance(self.lr, int | float) and self.lr > 0):
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"unknown reward {self.reward!r}; valid: {sorted(REWARDS)}")
+        if self.reward == "time_to_target" and self.target_loss is None:
+            raise ValueError("reward 'time_to_target' needs target_loss (held-out loss to reach)")
+        if self.target_loss is not None and not (
+            math.isfinite(self.target_loss) and self.target_loss > 0
+        ):
+            raise ValueError(f"target_loss must be a finite loss > 0, got {self.target_loss!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.device == "cuda":
+            self.backend = "nccl"
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
+        if self.backend == "nccl" and self.device != "cuda":
+            raise ValueError("backend 'nccl' needs device='cuda'")
+        if self.network is not None:
+            raise ValueError(
+                f"network={self.network!r}: network emulation (tc/netns shaping) is not "
+                "available in this version; use network=None for unshaped links"
+            )
+        from commgym.env.workloads import WORKLOADS, get_workload
+
+        if (
+            isinstance(self.workload, str)
+            and self.workload not in WORKLOADS
+            and not self.workload_modules
+        ):
+            get_workload(self.workload)  # raises with the known names
+        self.workload_modules = tuple(self.workload_modules)
+        self.menu = ActionMenu.from_any(self.action_menu)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (menu as lists), e.g. for MLflow params and YAML."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        d["action_menu"] = self.menu.to_dict()
+        d["workload_modules"] = list(self.workload_modules)
+        return d
+
+
+class AllReduceEnv(gym.Env):
+    """Choose gradient compression, bucket size and sync period on a real training run.
+
+    Each ``step(action)`` applies one communication configuration to a real
+    data-parallel job of ``world_size`` ranks (torchrun subprocesses, gloo or NCCL) for
+    ``steps_per_decision`` iterations and returns what the ranks measured. Nothing is
+    simulated: times, bytes and losses come from the running ranks.
+
+    **Action** — ``MultiDiscrete([n_compression, n_bucket, n_period])``, zero-based indices
+    into ``action_menu`` (default ``compression = [none, fp16, int8, topk:0.01,
+    powersgd:2]``, ``bucket_mb = [1, 4, 25]``, ``sync_period = [1, 2, 4]``). Wrap with
+    :class:`FlattenAction` for a ``Discrete`` space (row-major, bijective). The decoded
+    configuration is echoed in ``info["config"]``.
+
+    **Observation** — ``Box(float32)`` of 17 values; NaN/inf never appear (they become 0
+    and values are clipped to the bounds; raw values are in ``info["measured"]``):
+
+    ===  =======================  =========  ============  ===============================
+    idx  name                     unit       range         meaning
+    ===  =======================  =========  ============  ===============================
+    0    step_time_s              s          [0, 1e3]      median iteration time, slowest rank
+    1    comm_wait_frac           1          [0, 1]        comm wait / iteration time
+    2    compress_s               s          [0, 1e3]      compress+decompress per iteration
+    3    log10_bytes_per_step     log10 B    [0, 15]       log10(1 + bytes sent / iteration)
+    4    bandwidth_gbps           Gbit/s     [0, 1e4]      bytes * 8 / comm-wait time
+    5    train_loss               nats       [0, 1e4]      mean training loss, all ranks
+    6    eval_loss                nats       [0, 1e4]      held-out loss, consensus model
+    7    loss_change              log ratio  [-20, 20]     log(L_prev) - log(L)
+    8    log10_grad_norm          log10      [-20, 20]     aggregated gradient norm
+    9    grad_norm_rel_change     1          [-10, 10]     (g - g_prev) / g_prev
+    10   compression_error        1          [0, 10]       ||g - g_hat|| / ||g|| (last iter)
+    11   compression_index        1          [0, 1]        index / (n - 1)
+    12   bucket_index             1          [0, 1]        index / (n - 1)
+    13   period_index             1          [0, 1]        index / (n - 1)
+    14   elapsed_frac             1          [0, 1]        training time used / budget
+    15   world_size               ranks      [1, 1e5]      number of ranks
+    16   log10_num_params         log10      [0, 15]       model size
+    ===  =======================  =========  ============  ===============================
+
+    The reset observation holds no timings (indices 0-4 and 7-10 are 0), so
+    ``reset(seed=s)`` twice gives identical observations. Step observations contain
+    measured wall times, so the env is registered ``nondeterministic=True``; with
+    deterministic compressors the losses of a seed and action sequence are reproducible.
+
+    **Reward** (``reward=``), per decision, with ``L`` the held-out loss of the consensus
+    model (local-SGD replicas are averaged at every decision boundary; that cost counts):
+
+    * ``log_progress`` (default): ``log(L_prev) - log(L_now)``. Episodes are truncated at
+      ``time_budget_s`` of training time, so a faster configuration fits more progress
+      into the same budget, and one that stops learning earns ~0 per decision.
+    * ``time_to_target``: ``-dt / time_budget_s`` (``dt`` = decision's training time);
+      terminated when ``L <= target_loss``.
+    * ``throughput``: samples per second / 1000. A naive objective that ignores
+      convergence (compressing everything to nothing scores best); for comparison only.
+
+    **Episode end** — ``terminated``: diverged (non-finite loss or gradient on any rank:
+    ``info["reason"] = "diverged"``), target reached (``"target_reached"``), or a rank
+    failed/hung (``"failure"``, with ``info["failure"]``; all ranks are killed and the next
+    ``reset()`` relaunches them). ``truncated``: training time reached ``time_budget_s``
+    (``"time_budget"``) or ``max_decisions`` was reached.
+
+    Ranks persist across episodes: ``reset()`` rebuilds model, optimizer and data order
+    from the episode seed without restarting processes (``info["reset_s"]``).
+
+    **Version history** — v0: first release.
+
+    Args:
+        config: an :class:`EnvConfig`; or pass its fields as keyword arguments.
+        render_mode: unsupported; anything but ``None`` warns and is ignored.
+    """
+
+    metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's convention
+
+    def __init__(
+        self, config: EnvConfig | None = None, render_mode: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__()
+        if config is not None and kwargs:
+            raise TypeError("pass either an EnvConfig or keyword arguments, not both")
+        if render_mode is not None:
+            # SB3's make_vec_env asks for "rgb_array" by default: warn, do not fail
+            warnings.warn(
+                f"render_mode {render_mode!r} is not supported by {type(self).__name__} "
+                "(nothing to render); continuing without rendering",
+                stacklevel=2,
+            )
+        self.config = config if config is not None else EnvConfig(**kwargs)
+        cfg = self.config
+        self.menu = cfg.menu
+        self.action_space = spaces.MultiDiscrete(self.menu.nvec)
+        from commgym.env.workloads import get_workload
+
+        self._num_params = (
+            get_workload(cfg.workload).num_params() if not cfg.workload_modules else 1
+        )
+        self._obs = ObservationBuilder(self.menu, cfg.world_size, self._num_params)
+        self.observation_space = self._obs.space
+        self._reward = REWARDS[cfg.reward]
+        self._cluster: Cluster | None = None
+        self._last_obs: np.ndarray | None = None
+        self._needs_reset = True
+        self.last_reset_s = float("nan")
+        self.launches = 0
+
+    # -- cluster ------------------------------------------------------------------------
+    def _ensure_cluster(self) -> Cluster:
+        if self._cluster is None or not self._cluster.alive:
+            if self._cluster is not None:
+                self._cluster.kill()
+            cfg = self.config
+            self._cluster = Cluster(
+                cfg.world_size,
+                backend=cfg.backend,
+                timeout_s=cfg.timeout_s,
+                threads_per_rank=cfg.threads_per_rank,
+                workload_modules=cfg.workload_modules,
+            )
+            self._cluster.start()
+            self.launches += 1
+        return self._cluster
+
+    @property
+    def cluster(self) -> Cluster | None:
+        """The running cluster (None before the first reset or after close)."""
+        return self._cluster
+
+    # -- gymnasium API ---------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # noqa: D102
+        super().reset(seed=seed)
+        cfg = self.config
+        if seed is None and not hasattr(self, "_seeded"):
+            # first reset without a seed: derive the stream from config.seed
+            super().reset(seed=cfg.seed)
+        self._seeded = True
+        episode_seed = int(self.np_random.integers(0, 2**31 - 1))
+        t0 = time.perf_counter()
+        cluster = self._ensure_cluster()
+        self._action = self.menu.default_action()
+        replies = cluster.command(
+            {
+                "cmd": "reset",
+                "seed": episode_seed,
+                "workload": cfg.workload,
+                "batch_size": cfg.batch_size,
+                "lr": cfg.lr,
+                "config": self.menu.decode(self._action).to_dict(),
+            },
+            # building model and data is not a training decision: allow it at least
+            # RESET_TIMEOUT_S even when timeout_s is tuned tight for steps
+            timeout_s=max(cfg.timeout_s, RESET_TIMEOUT_S),
+        )
+        self.last_reset_s = time.perf_counter() - t0
+        r0 = replies[0]
+        self._num_params = int(r0["num_params"])
+        self._obs.num_params = self._num_params
+        eval_loss, eval_acc = _combine_eval(replies)
+        self._eval_loss = eval_loss
+        self._train_time_s = 0.0
+        self._decisions = 0
+        self._episode_seed = episode_seed
+        self._needs_reset = False
+        obs = self._obs.reset(self._eval_loss, self._action)
+        self._last_obs = obs
+        info = {
+            "episode_seed": episode_seed,
+            "eval_loss": self._eval_loss,
+            "eval_acc": eval_acc,
+            "num_params": self._num_params,
+            "reset_s": self.last_reset_s,
+            "rank_reset_s": max(float(r["reset_s"]) for r in replies),
+            "launches": self.launches,
+            "config": str(self.menu.decode(self._action)),
+        }
+        return obs, info
+
+    def step(self, action):  # noqa: D102
+        if self._needs_reset:
+            raise RuntimeError("call reset() before step() (the episode ended or never started)")
+        if not self.action_space.contains(np.asarray(action, dtype=np.int64)):
+            raise ValueError(f"action {action!r} is not in {self.action_space}")
+        a = np.asarray(action, dtype=np.int64)
+        cfg_comm = self.menu.decode(a)
+        cfg = self.config
+        info: dict[str, Any] = {"config": str(cfg_comm), "action": cfg_comm.to_dict()}
+        t0 = time.perf_counter()
+        try:
+            replies = self._cluster.command(  # type: ignore[union-attr]
+                {"cmd": "step", "config": cfg_comm.to_dict(), "steps": cfg.steps_per_decision}
+            )
+        except CommgymError as err:
+            if self._cluster is not None:
+                self._cluster.kill()
+            self._needs_reset = True
+            info.update(
+                {"failure": str(err), "reason": "failure", "env_step_s": time.perf_counter() - t0}
+            )
+            return self._last_obs, 0.0, True, False, info
+        m = self._aggregate(replies)
+        m["env_step_s"] = time.perf_counter() - t0
+        self._decisions += 1
+        self._train_time_s += m["train_time_s"]
+        elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)
+        prev = self._eval_loss
+        obs = self._obs.build(m, a, elapsed)
+        self._action = a
+        diverged = bool(m["nonfinite"]) or not math.isfinite(m["eval_loss"])
+        reward = 0.0
+        if not diverged:
+            reward = self._reward(
+                RewardContext(
+                    prev_eval_loss=prev,
+                    eval_loss=m["eval_loss"],
+                    dt_s=m["train_time_s"],
+                    time_budget_s=cfg.time_budget_s,
+                    samples=int(m["samples"]),
+                    target_loss=cfg.target_loss,
+                )
+            )
+            self._eval_loss = m["eval_loss"]
+        terminated = truncated = False
+        reason = None
+        if diverged:
+            terminated, reason = True, "diverged"
+        elif cfg.target_loss is not None and m["eval_loss"] <= cfg.target_loss:
+            terminated, reason = True, "target_reached"
+        elif self._train_time_s >= cfg.time_budget_s:
+            truncated, reason = True, "time_budget"
+        elif cfg.max_decisions is not None and self._decisions >= cfg.max_decisions:
+            truncated, reason = True, "max_decisions"
+        if terminated or truncated:
+            self._needs_reset = True
+        self._last_obs = obs
+        info.update(
+            {
+                "measured": m,
+                "reason": reason,
+                "train_time_s": self._train_time_s,
+                "elapsed_frac": elapsed,
+                "decision": self._decisions,
+                "diverged": diverged,
+            }
+        )
+        return obs, float(reward), terminated, truncated, info
+
+    def close(self) -> None:  # noqa: D102
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
+        self._needs_reset = True
+
+    # -- helpers ------------------------------------------------------------------------
+    @staticmethod
+    def _aggregate(replies: list[dict[str, Any]]) -> dict[str, Any]:
+        r0 = replies[0]
+        n = len(replies)
+
+        def mean(key: str) -> float:
+            return sum(float(r[key]) for r in replies) / n
+
+        err = r0.get("compression_error")
+        eval_loss, eval_acc = _combine_eval(replies)
+        return {
+            "train_time_s": max(float(r["train_time_s"]) for r in replies),
+            "step_time_s": max(float(r["step_time_s"]) for r in replies),
+            "iter_mean_s": max(float(r["train_time_s"]) / max(int(r["steps"]), 1) for r in replies),
+            "compute_s": mean("compute_s"),
+            "comm_wait_s": mean("comm_wait_s"),
+            "compress_s": mean("compress_s"),
+            "comm_s": mean("comm_s"),
+            "bytes_per_step": float(r0["bytes_per_step"]),
+            "bytes_total": float(r0["bytes_total"]),
+            "train_loss": mean("train_loss"),
+            "eval_loss": eval_loss,
+            "eval_acc": eval_acc,
+            "eval_s": max(float(r["eval_s"]) for r in replies),
+            "grad_norm": float(r0["grad_norm"]),
+            "compression_error": None if err is None else float(err),
+            "nonfinite": any(bool(r["nonfinite"]) for r in replies),
+            "samples": sum(int(r["samples"]) for r in replies),
+            "steps": int(r0["steps"]),
+            "bucket_bytes": list(r0["bucket_bytes"]),
+        }
+
+
+def _combine_eval(replies: list[dict[str, Any]]) -> tuple[float, float]:
+    """Held-out loss and accuracy over all ranks' shares (weighted by sample count)."""
+    n = sum(int(r["eval_n"]) for r in replies)
+    if n == 0:
+        return float("nan"), float("nan")
+    loss = sum(float(r["eval_loss"]) * int(r["eval_n"]) for r in replies) / n
+    acc = sum(float(r["eval_acc"]) * int(r["eval_n"]) for r in replies) / n
+    return loss, acc
+
+
+class FlattenAction(gym.ActionWrapper):
+    """``Discrete(prod(nvec))`` view of a ``MultiDiscrete`` env (for DQN).
+
+    Index ``i`` maps to ``np.unravel_index(i, nvec)`` (row-major), a bijection; use
+    :meth:`flatten` for the inverse.
+
+    Raises:
+        TypeError: the wrapped env's action space is not ``MultiDiscrete``.
+    """
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        if not isinstance(env.action_space, spaces.MultiDiscrete):
+            raise TypeError(
+                f"FlattenAction needs a MultiDiscrete action space, got {env.action_space}"
+            )
+        self.nvec = np.asarray(env.action_space.nvec, dtype=np.int64)
+        self.action_space = spaces.Discrete(int(np.prod(self.nvec)))
+
+    def action(self, action: int) -> np.ndarray:
+        """Discrete index -> MultiDiscrete indices.
+
+        Raises:
+            ValueError: index outside ``[0, n)``.
+        """
+        a = int(action)
+        if not 0 <= a < self.action_space.n:
+            raise ValueError(f"action {action!r} outside 0..{self.action_space.n - 1}")
+        return np.array(np.unravel_index(a, tuple(self.nvec)), dtype=np.int64)
+
+    def flatten(self, action: np.ndarray) -> int:
+        """MultiDiscrete indices -> Discrete index."""
+        return int(np.ravel_multi_index(tuple(int(x) for x in action), tuple(self.nvec)))

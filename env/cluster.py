@@ -1,0 +1,331 @@
+r"""Launch worker ranks with torchrun and drive them over an authenticated control plane.
+
+The environment process owns a :class:`multiprocessing.connection.Listener` bound to a
+port the OS picks (port 0, so several environments on one host never race for a port)
+and authenticated with a random per-cluster key (HMAC challenge, stdlib). Ranks are
+started by ``torchrun`` as ordinary subprocesses in their own session (so the whole
+tree can be killed at once) and each rank connects back, says hello and then executes
+commands (see :mod:`commgym.env.worker`).
+
+Ranks started by the user elsewhere join the same way: run on every node::
+
+    COMMGYM_AUTHKEY=<hex key> torchrun --nnodes N --nproc-per-node P \\
+        --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
+        -m commgym.env.worker --control ENV_HOST:ENV_PORT
+
+with ``Cluster(..., launch=False, control_host="0.0.0.0")`` on the environment side
+(``cluster.control_address`` and ``cluster.authkey_hex`` give the values to use).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from multiprocessing.connection import Connection, Listener, wait
+from pathlib import Path
+from typing import Any
+
+from commgym.collectives.errors import CollectiveTimeout, WorkerFailed
+
+__all__ = ["Cluster"]
+
+_LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_all_at_exit() -> None:  # pragma: no cover - interpreter shutdown
+    for cluster in list(_LIVE):
+        cluster.kill()
+
+
+class Cluster:
+    """A set of ``world_size`` worker ranks launched with torchrun.
+
+    Args:
+        world_size: number of ranks (>= 1).
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
+        timeout_s: default deadline of every command, and the ranks' collective timeout.
+        threads_per_rank: ``torch.set_num_threads`` in each rank.
+        workload_modules: modules every rank imports before running commands (where
+            custom workloads are registered).
+        launch: start ranks locally with ``torchrun --standalone``; with False, ranks
+            are expected to be started by the user (see the module docstring).
+        control_host: address the control listener binds to (loopback by default).
+        start_timeout_s: deadline for all ranks to connect.
+        extra_env: environment variables added for the ranks.
+
+    Raises:
+        ValueError: bad ``world_size``, ``backend`` or ``timeout_s``.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        backend: str = "gloo",
+        timeout_s: float = 120.0,
+        threads_per_rank: int = 1,
+        workload_modules: tuple[str, ...] = (),
+        launch: bool = True,
+        control_host: str = "127.0.0.1",
+        start_timeout_s: float = 180.0,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        self.world_size = world_size
+        self.backend = backend
+        self.timeout_s = float(timeout_s)
+        self.threads_per_rank = int(threads_per_rank)
+        self.workload_modules = tuple(workload_modules)
+        self.launch = launch
+        self.control_host = control_host
+        self.start_timeout_s = float(start_timeout_s)
+        self.extra_env = dict(extra_env or {})
+        self._authkey = secrets.token_bytes(32)
+        self._listener: Listener | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._conns: list[Connection] = []
+        self.hello: list[dict[str, Any]] = []
+        self._log_path: Path | None = None
+        self._alive = False
+
+    # -- lifecycle ------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        """True while ranks are connected and the launcher (if any) is running."""
+        if not self._alive:
+            return False
+        return not (self._proc is not None and self._proc.poll() is not None)
+
+    @property
+    def control_address(self) -> tuple[str, int]:
+        """``(host, port)`` of the control listener (after :meth:`start`)."""
+        if self._listener is None:
+            raise RuntimeError("cluster not started")
+        return self._listener.address  # type: ignore[return-value]
+
+    @property
+    def authkey_hex(self) -> str:
+        """The control plane's key, for ranks started by the user (keep it secret)."""
+        return self._authkey.hex()
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the ranks (from their hello messages)."""
+        return [int(h["pid"]) for h in self.hello]
+
+    def start(self) -> list[dict[str, Any]]:
+        """Open the listener, launch the ranks and wait until all of them connected.
+
+        Returns:
+            The ranks' hello messages, ordered by rank.
+
+        Raises:
+            WorkerFailed: the launcher exited or ranks did not connect within
+                ``start_timeout_s`` (all processes are killed first).
+        """
+        if self._alive:
+            return self.hello
+        self.kill()
+        self._listener = Listener((self.control_host, 0), authkey=self._authkey)
+        host, port = self._listener.address
+        _LIVE.add(self)
+        if self.launch:
+            fd, log = tempfile.mkstemp(prefix="commgym-cluster-", suffix=".log")
+            os.close(fd)
+            self._log_path = Path(log)
+            env = dict(os.environ)
+            env.update(self.extra_env)
+            env.update(
+                {
+                    "COMMGYM_AUTHKEY": self._authkey.hex(),
+                    "COMMGYM_BACKEND": self.backend,
+                    "COMMGYM_TIMEOUT_S": repr(self.timeout_s),
+                    "COMMGYM_THREADS": str(self.threads_per_rank),
+                    "COMMGYM_WORKLOAD_MODULES": ",".join(self.workload_modules),
+                    "OMP_NUM_THREADS": str(self.threads_per_rank),
+                }
+            )
+            cmd = [
+                sys.executable, "-m", "torch.distributed.run",
+                "--standalone", "--nproc-per-node", str(self.world_size),
+                "--max-restarts", "0", "--monitor-interval", "0.2",
+                "-m", "commgym.env.worker", "--control", f"{host}:{port}",
+            ]  # fmt: skip
+            with open(log, "wb") as out:
+                self._proc = subprocess.Popen(
+                    cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+        conns: list[Connection] = []
+        err: list[BaseException] = []
+
+        def accept() -> None:
+            try:
+                while len(conns) < self.world_size:
+                    conns.append(self._listener.accept())  # type: ignore[union-attr]
+            except BaseException as e:
+                err.append(e)
+
+        t = threading.Thread(target=accept, daemon=True)
+        t.start()
+        deadline = time.monotonic() + self.start_timeout_s
+        while t.is_alive() and time.monotonic() < deadline:
+            t.join(0.2)
+            if self._proc is not None and self._proc.poll() is not None:
+                break
+        if t.is_alive() or err or len(conns) < self.world_size:
+            why = (
+                f"launcher exited with code {self._proc.returncode}"
+                if self._proc is not None and self._proc.poll() is not None
+                else f"only {len(conns)}/{self.world_size} ranks connected within "
+                f"{self.start_timeout_s:.0f} s"
+            )
+            for c in conns:
+                c.close()
+            self.kill()
+            raise WorkerFailed(f"cluster start failed: {why}{self._log_tail()}")
+        hello: list[dict[str, Any] | None] = [None] * self.world_size
+        by_rank: list[Connection | None] = [None] * self.world_size
+        for c in conns:
+            if not c.poll(self.start_timeout_s):
+                self.kill()
+                raise WorkerFailed(f"a rank connected but sent no hello{self._log_tail()}")
+            msg = c.recv()
+            rank = int(msg["rank"])
+            if not (0 <= rank < self.world_size) or by_rank[rank] is not None:
+                self.kill()
+                raise WorkerFailed(f"unexpected hello {msg!r} for world size {self.world_size}")
+            hello[rank] = msg
+            by_rank[rank] = c
+        self._conns = [c for c in by_rank if c is not None]
+        self.hello = [h for h in hello if h is not None]
+        self._alive = True
+        return self.hello
+
+    def command(self, msg: dict[str, Any], timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Send ``msg`` to every rank and collect one reply per rank.
+
+        Args:
+            msg: a picklable dict with a ``"cmd"`` key (see :mod:`commgym.env.worker`).
+            timeout_s: deadline for all replies (default: the cluster's ``timeout_s``).
+
+        Returns:
+            Replies ordered by rank.
+
+        Raises:
+            CollectiveTimeout: not every rank replied in time (the cluster is killed).
+            WorkerFailed: a rank died, its launcher exited, or it replied with an error
+                (the cluster is killed).
+        """
+        if not self.alive:
+            raise WorkerFailed("cluster is not running (it failed earlier or was closed)")
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        try:
+            for c in self._conns:
+                c.send(msg)
+        except (OSError, EOFError) as e:
+            self.kill()
+            raise WorkerFailed(
+                f"could not send {msg.get('cmd')!r} to a rank: {e}{self._log_tail()}"
+            ) from None
+        replies: dict[int, dict[str, Any]] = {}
+        pending = {c: r for r, c in enumerate(self._conns)}
+        deadline = time.monotonic() + timeout
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                ranks = sorted(pending.values())
+                self.kill()
+                raise CollectiveTimeout(
+                    f"ranks {ranks} did not answer {msg.get('cmd')!r} within {timeout:.1f} s "
+                    f"(timeout_s); the cluster was killed{self._log_tail()}"
+                )
+            for c in wait(list(pending), timeout=min(left, 0.5)):
+                rank = pending.pop(c)  # type: ignore[index]
+                try:
+                    reply = c.recv()  # type: ignore[union-attr]
+                except (EOFError, OSError):
+                    self.kill()
+                    raise WorkerFailed(
+                        f"rank {rank} died during {msg.get('cmd')!r} (connection closed)"
+                        f"{self._log_tail()}"
+                    ) from None
+                if reply.get("type") == "error":
+                    self.kill()
+                    raise WorkerFailed(
+                        f"rank {rank} failed in {msg.get('cmd')!r}:\n{reply.get('traceback')}"
+                    )
+                replies[rank] = reply
+            if self._proc is not None and self._proc.poll() is not None and pending:
+                ranks = sorted(pending.values())
+                code = self._proc.returncode
+                self.kill()
+                raise WorkerFailed(
+                    f"torchrun exited with code {code} while ranks {ranks} were running "
+                    f"{msg.get('cmd')!r}{self._log_tail()}"
+                )
+        return [replies[r] for r in range(self.world_size)]
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Ask ranks to exit, then make sure nothing is left (safe to call twice)."""
+        if self._alive:
+            with contextlib.suppress(Exception):
+                for c in self._conns:
+                    c.send({"cmd": "close"})
+                if self._proc is not None:
+                    self._proc.wait(timeout=timeout_s)
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the ranks' whole process tree and release the listener (idempotent)."""
+        self._alive = False
+        for c in self._conns:
+            with contextlib.suppress(Exception):
+                c.close()
+        self._conns = []
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            # Failure path: nothing in the ranks is worth a graceful shutdown (a hung or
+            # stopped rank would ignore SIGTERM), so the whole session goes at once.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        if self.launch:  # ranks the user started elsewhere are not ours to kill
+            for pid in self.pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        self.hello = []
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                self._listener.close()
+            self._listener = None
+        _LIVE.discard(self)
+
+    def log_text(self) -> str:
+        """The launcher's combined stdout/stderr so far ('' when not launched here)."""
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        return self._log_path.read_text(errors="replace")
+
+    def _log_tail(self, n: int = 2000) -> str:
+        text = self.log_text()
+        return f"\n--- torchrun log (tail) ---\n{text[-n:]}" if text.strip() else ""
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        with contextlib.suppress(Exception):
+            self.kill()

@@ -1,0 +1,345 @@
+"""Action menu, observation layout and rewards shared by every commgym environment.
+
+The real environment (:class:`~commgym.env.AllReduceEnv`), and later the surrogate and the
+in-training policy replay, build observations and rewards with this module only, so an
+observation means the same thing wherever a policy meets it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from commgym.collectives import CommConfig, CompressionSpec
+from gymnasium import spaces
+
+__all__ = [
+    "OBSERVATION_FIELDS",
+    "REWARDS",
+    "ActionMenu",
+    "ObservationBuilder",
+    "ObservationField",
+    "RewardContext",
+]
+
+
+@dataclass(frozen=True)
+class ActionMenu:
+    """The discrete choices an agent has; an action is one index per list (zero-based).
+
+    Attributes:
+        compression: compression specs (validated with ``CompressionSpec.parse``).
+        bucket_mb: bucket sizes in MiB (> 0).
+        sync_period: local-SGD periods (integers >= 1).
+        error_feedback: error feedback for lossy compressors (fixed, not a choice).
+
+    Raises:
+        ValueError: an empty or duplicated list, or an invalid entry (the message names it).
+    """
+
+    compression: tuple[str, ...] = ("none", "fp16", "int8", "topk:0.01", "powersgd:2")
+    bucket_mb: tuple[float, ...] = (1.0, 4.0, 25.0)
+    sync_period: tuple[int, ...] = (1, 2, 4)
+    error_feedback: bool = True
+
+    def __post_init__(self) -> None:
+        comp = tuple(str(CompressionSpec.parse(c)) for c in self.compression)
+        object.__setattr__(self, "compression", comp)
+        object.__setattr__(self, "bucket_mb", tuple(float(b) for b in self.bucket_mb))
+        object.__setattr__(self, "sync_period", tuple(self.sync_period))
+        for name in ("compression", "bucket_mb", "sync_period"):
+            values = getattr(self, name)
+            if not values:
+                raise ValueError(f"action menu {name} must not be empty")
+            if len(set(values)) != len(values):
+                raise ValueError(f"action menu {name} has duplicates: {list(values)}")
+        for b in self.bucket_mb:
+            CommConfig(bucket_mb=b)  # raises with the value
+        for h in self.sync_period:
+            CommConfig(sync_period=h)
+
+    @classmethod
+    def from_any(cls, menu: ActionMenu | dict[str, Sequence[Any]] | None) -> ActionMenu:
+        """Build from a menu, a dict of lists (e.g. from YAML) or None (the default menu).
+
+        Raises:
+            TypeError: unsupported type; ValueError: unknown keys or invalid entries.
+        """
+        if menu is None:
+            return cls()
+        if isinstance(menu, cls):
+            return menu
+        if isinstance(menu, dict):
+            unknown = set(menu) - {"compression", "bucket_mb", "sync_period", "error_feedback"}
+            if unknown:
+                raise ValueError(
+                    f"unknown action menu keys {sorted(unknown)}; valid: compression, "
+                    "bucket_mb, sync_period, error_feedback"
+                )
+            kw = {k: tuple(v) if k != "error_feedback" else bool(v) for k, v in menu.items()}
+            return cls(**kw)
+        raise TypeError(
+            f"action_menu must be an ActionMenu, a dict or None, got {type(menu).__name__}"
+        )
+
+    @property
+    def nvec(self) -> np.ndarray:
+        """Sizes of the three lists (for ``MultiDiscrete``)."""
+        return np.array(
+            [len(self.compression), len(self.bucket_mb), len(self.sync_period)], dtype=np.int64
+        )
+
+    @property
+    def size(self) -> int:
+        """Number of distinct configurations."""
+        return int(np.prod(self.nvec))
+
+    def decode(self, action: Sequence[int] | np.ndarray) -> CommConfig:
+        """Map ``[i_compression, i_bucket, i_period]`` to a :class:`CommConfig`.
+
+        Raises:
+            ValueError: wrong length, non-integer or out-of-range index (message gives the
+                valid ranges).
+        """
+        a = np.asarray(action)
+        if a.shape != (3,) or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(
+                f"action must be 3 integers [compression, bucket, period], got {action!r}"
+            )
+        nvec = self.nvec
+        if (a < 0).any() or (a >= nvec).any():
+            raise ValueError(
+                f"action {a.tolist()} out of range: valid indices are 0..{nvec[0] - 1} "
+                f"(compression), 0..{nvec[1] - 1} (bucket_mb), 0..{nvec[2] - 1} (sync_period)"
+            )
+        return CommConfig(
+            self.compression[int(a[0])],
+            bucket_mb=self.bucket_mb[int(a[1])],
+            sync_period=int(self.sync_period[int(a[2])]),
+            error_feedback=self.error_feedback,
+        )
+
+    def encode(self, config: CommConfig) -> np.ndarray:
+        """Indices of ``config`` in the menu.
+
+        Raises:
+            ValueError: the configuration is not on the menu.
+        """
+        try:
+            return np.array(
+                [
+                    self.compression.index(str(config.compression)),
+                    self.bucket_mb.index(config.bucket_mb),
+                    self.sync_period.index(config.sync_period),
+                ],
+                dtype=np.int64,
+            )
+        except ValueError:
+            raise ValueError(
+                f"configuration {config} is not on the action menu {self.to_dict()}"
+            ) from None
+
+    def default_action(self) -> np.ndarray:
+        """The DDP default (``none``, 25 MiB, period 1) where the menu has it.
+
+        Otherwise the closest entries: first compression, largest bucket, smallest period.
+        """
+        c = self.compression.index("none") if "none" in self.compression else 0
+        b = self.bucket_mb.index(25.0) if 25.0 in self.bucket_mb else int(np.argmax(self.bucket_mb))
+        h = int(np.argmin(self.sync_period))
+        return np.array([c, b, h], dtype=np.int64)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain lists (for YAML, MLflow params and compatibility checks)."""
+        return {
+            "compression": list(self.compression),
+            "bucket_mb": list(self.bucket_mb),
+            "sync_period": list(self.sync_period),
+            "error_feedback": self.error_feedback,
+        }
+
+
+@dataclass(frozen=True)
+class ObservationField:
+    """One entry of the observation vector."""
+
+    name: str
+    unit: str
+    low: float
+    high: float
+    description: str
+
+
+#: The observation layout (index = position in the vector). Changing it bumps the env version.
+OBSERVATION_FIELDS: tuple[ObservationField, ...] = (
+    ObservationField(
+        "step_time_s", "s", 0.0, 1e3, "median wall time of one training iteration (slowest rank)"
+    ),
+    ObservationField("comm_wait_frac", "1", 0.0, 1.0, "mean comm-wait time / mean iteration time"),
+    ObservationField("compress_s", "s", 0.0, 1e3, "mean compress+decompress time per iteration"),
+    ObservationField(
+        "log10_bytes_per_step",
+        "log10 B",
+        0.0,
+        15.0,
+        "log10(1 + bytes handed to collectives per iteration)",
+    ),
+    ObservationField(
+        "bandwidth_gbps",
+        "Gbit/s",
+        0.0,
+        1e4,
+        "achieved: bytes sent * 8 / time waiting on communication",
+    ),
+    ObservationField(
+        "train_loss", "nats", 0.0, 1e4, "mean training loss over the decision (rank 0)"
+    ),
+    ObservationField("eval_loss", "nats", 0.0, 1e4, "held-out loss of the consensus model"),
+    ObservationField(
+        "loss_change", "log ratio", -20.0, 20.0, "log(eval_loss_prev) - log(eval_loss)"
+    ),
+    ObservationField(
+        "log10_grad_norm", "log10", -20.0, 20.0, "log10 of the aggregated gradient norm"
+    ),
+    ObservationField("grad_norm_rel_change", "1", -10.0, 10.0, "(g - g_prev) / g_prev"),
+    ObservationField(
+        "compression_error", "1", 0.0, 10.0, "||g - g_hat|| / ||g|| of the aggregated gradient"
+    ),
+    ObservationField("compression_index", "1", 0.0, 1.0, "current compression index / (n - 1)"),
+    ObservationField("bucket_index", "1", 0.0, 1.0, "current bucket index / (n - 1)"),
+    ObservationField("period_index", "1", 0.0, 1.0, "current sync-period index / (n - 1)"),
+    ObservationField("elapsed_frac", "1", 0.0, 1.0, "training wall time used / time_budget_s"),
+    ObservationField("world_size", "ranks", 1.0, 1e5, "number of ranks"),
+    ObservationField(
+        "log10_num_params", "log10", 0.0, 15.0, "log10 of the model's parameter count"
+    ),
+)
+
+
+class ObservationBuilder:
+    """Builds float32 observations from measurements (shared by env, surrogate and replay).
+
+    Non-finite or out-of-range measurements never leak: NaN becomes 0 and everything is
+    clipped to the field's bounds (the raw values stay in ``info``).
+
+    Args:
+        menu: the action menu (gives the action-index normalisation).
+        world_size: number of ranks.
+        num_params: model parameter count.
+    """
+
+    def __init__(self, menu: ActionMenu, world_size: int, num_params: int) -> None:
+        self.menu = menu
+        self.world_size = world_size
+        self.num_params = num_params
+        self.low = np.array([f.low for f in OBSERVATION_FIELDS], dtype=np.float32)
+        self.high = np.array([f.high for f in OBSERVATION_FIELDS], dtype=np.float32)
+        self.space = spaces.Box(self.low, self.high, dtype=np.float32)
+        self.prev_eval_loss = float("nan")
+        self.prev_grad_norm = float("nan")
+
+    def _action_part(self, action: np.ndarray) -> list[float]:
+        nvec = self.menu.nvec
+        return [float(a) / max(int(n) - 1, 1) for a, n in zip(action, nvec, strict=True)]
+
+    def _finish(self, values: list[float]) -> np.ndarray:
+        v = np.array(values, dtype=np.float64)
+        v[~np.isfinite(v)] = 0.0
+        return np.clip(v, self.low, self.high).astype(np.float32)
+
+    def reset(self, eval_loss: float, action: np.ndarray) -> np.ndarray:
+        """Observation at episode start: no timings, only deterministic quantities."""
+        self.prev_eval_loss = eval_loss
+        self.prev_grad_norm = float("nan")
+        return self._finish(
+            [0.0, 0.0, 0.0, 0.0, 0.0, eval_loss, eval_loss, 0.0, 0.0, 0.0, 0.0,
+             *self._action_part(action), 0.0, float(self.world_size),
+             math.log10(max(self.num_params, 1))]
+        )  # fmt: skip
+
+    def build(self, m: dict[str, Any], action: np.ndarray, elapsed_frac: float) -> np.ndarray:
+        """Observation after a decision.
+
+        Args:
+            m: aggregated measurements (keys as produced by ``AllReduceEnv._aggregate``:
+                ``step_time_s``, ``comm_wait_s``, ``compress_s``, ``bytes_per_step``,
+                ``bytes_total``, ``comm_s``, ``train_loss``, ``eval_loss``, ``grad_norm``,
+                ``compression_error``).
+            action: the menu indices that were applied.
+            elapsed_frac: training time used / budget.
+        """
+        step = float(m["step_time_s"])
+        iter_mean = float(m.get("iter_mean_s", step)) or step
+        wait = float(m["comm_wait_s"])
+        bw = m["bytes_total"] * 8 / m["comm_s"] / 1e9 if m["comm_s"] > 0 else 0.0
+        eval_loss = float(m["eval_loss"])
+        prev = self.prev_eval_loss
+        change = (
+            math.log(max(prev, 1e-8)) - math.log(max(eval_loss, 1e-8))
+            if math.isfinite(prev) and math.isfinite(eval_loss)
+            else 0.0
+        )
+        g = float(m["grad_norm"])
+        rel = (
+            (g - self.prev_grad_norm) / self.prev_grad_norm
+            if self.prev_grad_norm > 0 and math.isfinite(g)
+            else 0.0
+        )
+        err = m.get("compression_error")
+        self.prev_eval_loss = eval_loss if math.isfinite(eval_loss) else prev
+        self.prev_grad_norm = g if math.isfinite(g) else self.prev_grad_norm
+        return self._finish(
+            [
+                step,
+                wait / iter_mean if iter_mean > 0 else 0.0,
+                float(m["compress_s"]),
+                math.log10(1.0 + float(m["bytes_per_step"])),
+                bw,
+                float(m["train_loss"]),
+                eval_loss,
+                change,
+                math.log10(g) if g > 0 and math.isfinite(g) else 0.0,
+                rel,
+                0.0 if err is None else float(err),
+                *self._action_part(action),
+                elapsed_frac,
+                float(self.world_size),
+                math.log10(max(self.num_params, 1)),
+            ]
+        )
+
+
+@dataclass
+class RewardContext:
+    """What a reward function may look at for one decision."""
+
+    prev_eval_loss: float
+    eval_loss: float
+    dt_s: float
+    time_budget_s: float
+    samples: int
+    target_loss: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _log_progress(c: RewardContext) -> float:
+    return math.log(max(c.prev_eval_loss, 1e-8)) - math.log(max(c.eval_loss, 1e-8))
+
+
+def _time_to_target(c: RewardContext) -> float:
+    return -c.dt_s / c.time_budget_s
+
+
+def _throughput(c: RewardContext) -> float:
+    return c.samples / c.dt_s / 1000.0 if c.dt_s > 0 else 0.0
+
+
+#: Reward functions by name (see ``AllReduceEnv``'s docstring for the formulas).
+REWARDS: dict[str, Callable[[RewardContext], float]] = {
+    "log_progress": _log_progress,
+    "time_to_target": _time_to_target,
+    "throughput": _throughput,
+}

@@ -1,0 +1,281 @@
+"""One training rank of the environment, launched by torchrun.
+
+``python -m commgym.env.worker --control HOST:PORT`` (with ``COMMGYM_AUTHKEY`` set)
+initialises ``torch.distributed`` from torchrun's variables, connects to the environment's
+control listener, says hello and then executes commands until ``close`` or until the
+connection drops (the environment died: the rank exits, it never lingers).
+
+Commands (dicts with ``"cmd"``), each answered by exactly one reply dict:
+
+``reset``  rebuild model, optimizer, data order and synchronizer from ``seed``; reply with
+           the initial held-out loss/accuracy and the reset time.
+``step``   apply ``config`` (a ``CommConfig`` dict) and run ``steps`` real training
+           iterations; reply with the measured statistics (see :class:`RankRunner.step`).
+``close``  reply and exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import math
+import os
+import socket
+import statistics
+import sys
+import time
+import traceback
+from multiprocessing.connection import Client
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from commgym.collectives import CommConfig, GradientSynchronizer
+
+__all__ = ["RankRunner", "main"]
+
+#: Samples of the held-out split used for the per-decision evaluation (fixed batch,
+#: split across ranks). Small enough to cost well under a training iteration per rank.
+EVAL_SAMPLES = 256
+
+
+class RankRunner:
+    """Executes environment commands on one rank (model, data shard, synchronizer).
+
+    Args:
+        rank: this rank.
+        world_size: number of ranks.
+        device: torch device of the model.
+    """
+
+    def __init__(self, rank: int, world_size: int, device: torch.device) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.sync: GradientSynchronizer | None = None
+        self.model: torch.nn.Module | None = None
+
+    # -- commands -------------------------------------------------------------------
+    def reset(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Rebuild everything from ``msg["seed"]`` (no process is restarted)."""
+        from commgym.env.workloads import get_workload
+
+        t0 = time.perf_counter()
+        seed = int(msg["seed"])
+        wl = get_workload(msg["workload"])
+        self.workload = wl
+        torch.manual_seed(seed)
+        if self.sync is not None:
+            self.sync.remove_hooks()
+        model = wl.build_model().to(self.device)
+        # identical replicas on every rank, whatever the local RNG did
+        with torch.no_grad():
+            for p in model.parameters():
+                dist.broadcast(p.data, src=0)
+        self.model = model
+        lr = float(msg.get("lr") or wl.default_lr)
+        if wl.optimizer == "adam":
+            self.opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        else:
+            self.opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        self.sync = GradientSynchronizer(
+            model, CommConfig(**msg["config"]), seed=seed, error_every=0
+        )
+        data = wl.load_data()
+        self.batch_size = int(msg.get("batch_size") or wl.default_batch_size)
+        gen = torch.Generator().manual_seed(seed)
+        perm = torch.randperm(len(data.train_x), generator=gen)
+        shard = perm[self.rank :: self.world_size]
+        self.train_x = data.train_x[shard].to(self.device)
+        self.train_y = data.train_y[shard].to(self.device)
+        n_eval = min(EVAL_SAMPLES, len(data.eval_x))
+        # each rank evaluates its share of the fixed held-out batch (see _evaluate)
+        self.eval_x = data.eval_x[self.rank : n_eval : self.world_size].to(self.device)
+        self.eval_y = data.eval_y[self.rank : n_eval : self.world_size].to(self.device)
+        self.gen = torch.Generator().manual_seed(seed * 1000 + self.rank + 1)
+        self.order = torch.randperm(len(self.train_x), generator=self.gen)
+        self.cursor = 0
+        self.samples = 0
+        eval_loss, eval_acc, eval_n = self._evaluate()
+        return {
+            "type": "reset",
+            "eval_loss": eval_loss,
+            "eval_acc": eval_acc,
+            "eval_n": eval_n,
+            "num_params": sum(p.numel() for p in model.parameters()),
+            "shard_size": len(self.train_x),
+            "reset_s": time.perf_counter() - t0,
+        }
+
+    def _evaluate(self) -> tuple[float, float, int]:
+        """Held-out loss and accuracy of the (consensus) model on this rank's share.
+
+        Every rank evaluates a strided share of the fixed held-out batch, in parallel and
+        without a collective; the environment combines the replies weighted by count.
+
+        Returns:
+            ``(mean loss, accuracy, number of samples)`` on this rank's share.
+        """
+        n = len(self.eval_x)
+        if n == 0:
+            return 0.0, 0.0, 0
+        with torch.inference_mode():
+            loss, acc = self.workload.evaluate(self.model, self.eval_x, self.eval_y)
+        return loss, acc, n
+
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cursor + self.batch_size > len(self.order):
+            self.order = torch.randperm(len(self.train_x), generator=self.gen)
+            self.cursor = 0
+        idx = self.order[self.cursor : self.cursor + self.batch_size]
+        self.cursor += self.batch_size
+        return self.train_x[idx], self.train_y[idx]
+
+    def step(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Run ``msg["steps"]`` training iterations under ``msg["config"]``.
+
+        The reply holds this rank's measurements: ``train_time_s`` (wall time of the
+        iterations plus the decision-boundary consensus averaging), per-iteration medians
+        and means of the ``StepStats`` fields, mean training loss, the held-out loss and
+        accuracy of the consensus model, and whether anything was non-finite.
+        """
+        if self.sync is None or self.model is None:
+            raise RuntimeError("step before reset")
+        t_handler = time.perf_counter()
+        sync, model, opt, wl = self.sync, self.model, self.opt, self.workload
+        t_cfg = time.perf_counter()
+        sync.reconfigure(CommConfig(**msg["config"]))
+        reconfigure_s = time.perf_counter() - t_cfg
+        steps = int(msg["steps"])
+        walls, losses = [], []
+        stats = []
+        avg_bytes = 0
+        nonfinite = False
+        for i in range(steps):
+            if i == steps - 1:
+                sync.request_error_measurement()
+            t0 = time.perf_counter()
+            x, y = self._next_batch()  # data loading is part of a training iteration
+            opt.zero_grad(set_to_none=True)
+            loss = wl.loss_fn(model(x), y)
+            loss.backward()
+            st = sync.synchronize()
+            opt.step()
+            avg = sync.after_optimizer_step()
+            walls.append(time.perf_counter() - t0)
+            losses.append(loss.detach())
+            stats.append(st)
+            avg_bytes += avg.bytes_sent
+            nonfinite |= st.nonfinite
+        # one consensus model at every decision boundary (cost counted)
+        c0 = time.perf_counter()
+        cons = sync.consensus()
+        consensus_s = time.perf_counter() - c0
+        avg_bytes += cons.bytes_sent
+        self.samples += steps * self.batch_size
+        train_loss = float(torch.stack(losses).float().mean()) if losses else float("nan")
+        e0 = time.perf_counter()
+        eval_loss, eval_acc, eval_n = self._evaluate()
+        eval_s = time.perf_counter() - e0
+        if not (math.isfinite(train_loss) and math.isfinite(eval_loss)):
+            nonfinite = True
+        last = stats[-1] if stats else None
+        total_bytes = sum(s.bytes_sent for s in stats) + avg_bytes
+        return {
+            "type": "step",
+            "steps": steps,
+            "train_time_s": sum(walls) + consensus_s + reconfigure_s,
+            "step_time_s": statistics.median(walls) if walls else 0.0,
+            "compute_s": _mean([s.compute_s for s in stats]),
+            "comm_wait_s": _mean([s.comm_wait_s for s in stats]),
+            "compress_s": _mean([s.compress_s for s in stats]),
+            "comm_s": sum(s.comm_wait_s for s in stats) + cons.comm_s,
+            "bytes_per_step": total_bytes / max(steps, 1),
+            "bytes_total": total_bytes,
+            "train_loss": train_loss,
+            "eval_loss": eval_loss,
+            "eval_acc": eval_acc,
+            "eval_n": eval_n,
+            "grad_norm": last.grad_norm if last else 0.0,
+            "compression_error": last.compression_error if last else None,
+            "nonfinite": nonfinite,
+            "samples": steps * self.batch_size,
+            "bucket_bytes": list(last.bucket_bytes) if last else [],
+            "eval_s": eval_s,
+            "reconfigure_s": reconfigure_s,
+            "handler_s": time.perf_counter() - t_handler,
+        }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a rank (run by torchrun). Returns the process exit code."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--control", required=True, help="HOST:PORT of the environment's listener")
+    args = parser.parse_args(argv)
+    host, _, port = args.control.rpartition(":")
+    key = os.environ.get("COMMGYM_AUTHKEY")
+    if not key:
+        print("commgym.env.worker: COMMGYM_AUTHKEY is not set", file=sys.stderr)
+        return 2
+    for mod in filter(None, os.environ.get("COMMGYM_WORKLOAD_MODULES", "").split(",")):
+        importlib.import_module(mod)
+    torch.set_num_threads(int(os.environ.get("COMMGYM_THREADS", "1")))
+    backend = os.environ.get("COMMGYM_BACKEND", "gloo")
+    timeout_s = float(os.environ.get("COMMGYM_TIMEOUT_S", "120"))
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    if backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    conn = Client((host, int(port)), authkey=bytes.fromhex(key))
+    conn.send(
+        {
+            "type": "hello",
+            "rank": rank,
+            "world_size": world,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "backend": backend,
+            "device": str(device),
+        }
+    )
+    runner = RankRunner(rank, world, device)
+    handlers = {"reset": runner.reset, "step": runner.step}
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return 1  # the environment went away: never linger
+            cmd = msg.get("cmd")
+            if cmd == "close":
+                conn.send({"type": "close"})
+                break
+            try:
+                handler = handlers[cmd]
+            except KeyError:
+                conn.send({"type": "error", "traceback": f"unknown command {cmd!r}"})
+                continue
+            try:
+                reply = handler(msg)
+            except Exception:
+                conn.send({"type": "error", "traceback": traceback.format_exc()})
+                continue
+            conn.send(reply)
+    finally:
+        conn.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

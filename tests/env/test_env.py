@@ -1,0 +1,302 @@
+"""commgym/AllReduce-v0 on real torchrun-launched gloo ranks (CPU)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import threading
+import time
+
+import commgym.env  # noqa: F401 - registers the env
+import gymnasium as gym
+import numpy as np
+import psutil
+import pytest
+from commgym.env import ActionMenu, AllReduceEnv, EnvConfig, FlattenAction
+
+SMALL = {"workload": "mlp-digits", "world_size": 2, "steps_per_decision": 3, "time_budget_s": 60.0}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        p = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return False
+    return p.status() != psutil.STATUS_ZOMBIE
+
+
+def _tree_pids(env: AllReduceEnv) -> list[int]:
+    cluster = env.cluster
+    assert cluster is not None
+    pids = list(cluster.pids)
+    if cluster._proc is not None:
+        pids.append(cluster._proc.pid)
+    return pids
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = gym.make("commgym/AllReduce-v0", **SMALL)
+    yield e
+    e.close()
+
+
+def test_make_reset_step_and_spaces(env):
+    obs, info = env.reset(seed=0)
+    assert env.observation_space.contains(obs)
+    assert info["num_params"] > 1000 and info["reset_s"] > 0
+    for a in ([0, 0, 0], [4, 2, 2], [1, 1, 1], [3, 0, 2], [2, 2, 0]):
+        obs, reward, terminated, truncated, info = env.step(np.array(a))
+        assert env.observation_space.contains(obs), obs
+        assert np.isfinite(reward)
+        assert not terminated and not truncated
+        assert info["config"] == str(env.unwrapped.menu.decode(np.array(a)))
+        m = info["measured"]
+        assert m["train_time_s"] > 0 and m["steps"] == 3 and m["samples"] == 3 * 2 * 32
+        if a[2] == 0:  # gradients synchronised every step
+            assert m["bytes_per_step"] > 0
+
+
+def test_reset_is_deterministic_and_does_not_respawn(env):
+    o1, i1 = env.reset(seed=5)
+    pids = _tree_pids(env.unwrapped)
+    launches = env.unwrapped.launches
+    o2, i2 = env.reset(seed=5)
+    assert np.array_equal(o1, o2)
+    assert i1["episode_seed"] == i2["episode_seed"]
+    assert _tree_pids(env.unwrapped) == pids and env.unwrapped.launches == launches
+    assert i2["reset_s"] < 5.0, "reset rebuilds state in the running ranks"
+
+
+def test_same_seed_same_actions_same_losses(env):
+    actions = [[0, 2, 0], [1, 0, 0], [2, 1, 0], [3, 2, 0], [4, 1, 0], [0, 0, 1]]
+
+    def run():
+        env.reset(seed=11)
+        out = []
+        for a in actions:
+            _, r, _, _, info = env.step(np.array(a))
+            out.append((info["measured"]["eval_loss"], info["measured"]["train_loss"], r))
+        return out
+
+    assert run() == run()
+
+
+def test_gymnasium_and_sb3_checkers(env):
+    from gymnasium.utils.env_checker import check_env as gym_check
+    from stable_baselines3.common.env_checker import check_env as sb3_check
+
+    gym_check(env.unwrapped, skip_render_check=True)
+    sb3_check(env.unwrapped, warn=True)
+
+
+def test_terminated_vs_truncated():
+    e = AllReduceEnv(**{**SMALL, "time_budget_s": 1e-6, "target_loss": None})
+    try:
+        e.reset(seed=0)
+        _, _, terminated, truncated, info = e.step(e.menu.default_action())
+        assert truncated and not terminated and info["reason"] == "time_budget"
+        with pytest.raises(RuntimeError, match="reset"):
+            e.step(e.menu.default_action())
+        # target reached ends with terminated (initial loss ~2.3 < 50)
+        e.config.target_loss = 50.0
+        e.reset(seed=0)
+        _, _, terminated, truncated, info = e.step(e.menu.default_action())
+        assert terminated and not truncated and info["reason"] == "target_reached"
+    finally:
+        e.close()
+
+
+def test_divergence_terminates_with_reason():
+    e = AllReduceEnv(**{**SMALL, "lr": 1e12})
+    try:
+        e.reset(seed=0)
+        for _ in range(5):
+            obs, reward, terminated, truncated, info = e.step(e.menu.default_action())
+            assert e.observation_space.contains(obs)
+            if terminated:
+                break
+        assert terminated and not truncated and info["reason"] == "diverged"
+        assert reward == 0.0
+    finally:
+        e.close()
+
+
+def test_non_learning_config_does_not_outscore_dense():
+    # topk with 1 element in 10^4 and no error feedback barely changes the model but is
+    # fast: under the default reward it must earn less than dense training.
+    menu = {
+        "compression": ["none", "topk:0.0001"],
+        "bucket_mb": [25.0],
+        "sync_period": [1],
+        "error_feedback": False,
+    }
+    e = AllReduceEnv(
+        **{
+            **SMALL,
+            "steps_per_decision": 5,
+            "time_budget_s": 1e9,
+            "max_decisions": 8,
+            "action_menu": menu,
+        }
+    )
+    try:
+        returns, throughput = {}, {}
+        for idx, name in enumerate(["none", "topk"]):
+            e.reset(seed=2)
+            total, done, samples_per_s = 0.0, False, []
+            while not done:
+                _, r, terminated, truncated, info = e.step(np.array([idx, 0, 0]))
+                total += r
+                m = info["measured"]
+                samples_per_s.append(m["samples"] / m["train_time_s"])
+                done = terminated or truncated
+            returns[name] = total
+            throughput[name] = float(np.median(samples_per_s))
+        assert returns["none"] > returns["topk"] + 0.1, returns
+    finally:
+        e.close()
+
+
+def test_rank_killed_mid_step_bounded_and_recovers():
+    e = AllReduceEnv(**{**SMALL, "steps_per_decision": 100000, "timeout_s": 10.0})
+    try:
+        e.reset(seed=0)
+        pids = _tree_pids(e)
+        victim = e.cluster.pids[1]
+        threading.Timer(1.5, lambda: os.kill(victim, signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        obs, reward, terminated, truncated, info = e.step(e.menu.default_action())
+        elapsed = time.monotonic() - t0
+        assert terminated and not truncated and reward == 0.0
+        assert "failure" in info and info["reason"] == "failure"
+        assert elapsed < 2 * e.config.timeout_s + 1.5, elapsed
+        assert e.observation_space.contains(obs)
+        time.sleep(0.5)
+        assert not any(_alive(p) for p in pids), "rank processes must be reaped"
+        # next reset relaunches the cluster
+        e.config.steps_per_decision = 2
+        e.reset(seed=0)
+        assert e.launches == 2
+        _, _, terminated, _, info = e.step(e.menu.default_action())
+        assert not terminated
+    finally:
+        e.close()
+
+
+def test_hung_rank_times_out():
+    e = AllReduceEnv(**{**SMALL, "steps_per_decision": 100000, "timeout_s": 4.0})
+    try:
+        e.reset(seed=0)
+        pids = _tree_pids(e)
+        victim = e.cluster.pids[0]
+        threading.Timer(1.0, lambda: os.kill(victim, signal.SIGSTOP)).start()
+        t0 = time.monotonic()
+        _, _, terminated, _, info = e.step(e.menu.default_action())
+        assert time.monotonic() - t0 < 2 * 4.0 + 1.0
+        assert terminated and "did not answer" in info["failure"]
+        time.sleep(0.5)
+        assert not any(_alive(p) for p in pids)
+    finally:
+        e.close()
+
+
+def test_close_leaves_no_processes_and_is_idempotent():
+    e = AllReduceEnv(**SMALL)
+    e.reset(seed=0)
+    pids = _tree_pids(e)
+    assert all(_alive(p) for p in pids)
+    e.close()
+    e.close()
+    time.sleep(0.3)
+    assert not any(_alive(p) for p in pids)
+
+
+def test_four_envs_started_at_once():
+    def one(i):
+        e = AllReduceEnv(**{**SMALL, "steps_per_decision": 1})
+        try:
+            e.reset(seed=i)
+            _, _, terminated, _, _ = e.step(e.menu.default_action())
+            return terminated, e.cluster.control_address[1]
+        finally:
+            e.close()
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, range(4)))
+    assert [r[0] for r in results] == [False] * 4
+    assert len({r[1] for r in results}) == 4
+
+
+def test_subproc_vec_env():
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    # "module:id" makes gymnasium import commgym.env inside each subprocess first
+    vec = make_vec_env(
+        "commgym.env:commgym/AllReduce-v0", n_envs=2, seed=0, vec_env_cls=SubprocVecEnv,
+        env_kwargs={**SMALL, "steps_per_decision": 2},
+    )  # fmt: skip
+    try:
+        obs = vec.reset()
+        assert obs.shape == (2, 17)
+        for _ in range(3):
+            obs, rewards, _, _ = vec.step(np.array([[0, 2, 0], [1, 0, 0]]))
+            assert np.isfinite(rewards).all() and obs.shape == (2, 17)
+    finally:
+        vec.close()
+
+
+# ---------------------------------------------------------------- no cluster needed
+def test_every_menu_entry_decodes_and_flatten_is_bijective():
+    menu = ActionMenu()
+    seen = set()
+    for i in range(menu.nvec[0]):
+        for j in range(menu.nvec[1]):
+            for k in range(menu.nvec[2]):
+                cfg = menu.decode(np.array([i, j, k]))
+                assert np.array_equal(menu.encode(cfg), [i, j, k])
+                seen.add(str(cfg))
+    assert len(seen) == menu.size
+    with pytest.raises(ValueError, match="out of range"):
+        menu.decode(np.array([menu.nvec[0], 0, 0]))
+    with pytest.raises(ValueError, match="out of range"):
+        menu.decode(np.array([0, -1, 0]))
+
+    class Dummy(gym.Env):
+        action_space = gym.spaces.MultiDiscrete(menu.nvec)
+        observation_space = gym.spaces.Box(0, 1, (1,))
+
+    flat = FlattenAction(Dummy())
+    decoded = {tuple(flat.action(i)) for i in range(flat.action_space.n)}
+    assert len(decoded) == menu.size
+    assert all(flat.flatten(flat.action(i)) == i for i in range(flat.action_space.n))
+    with pytest.raises(ValueError):
+        flat.action(flat.action_space.n)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"world_size": 0}, "world_size"),
+        ({"steps_per_decision": 0}, "steps_per_decision"),
+        ({"time_budget_s": -1}, "time_budget_s"),
+        ({"reward": "speed"}, "unknown reward"),
+        ({"reward": "time_to_target"}, "target_loss"),
+        ({"network": "1gbit"}, "network"),
+        ({"workload": "mlp-digit"}, "mlp-digits"),
+        ({"action_menu": {"compression": ["topk:2"]}}, "density"),
+        ({"action_menu": {"buckets": [1]}}, "unknown action menu keys"),
+        ({"device": "tpu"}, "device"),
+    ],
+)
+def test_bad_config_is_refused_with_a_clear_message(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        EnvConfig(**kwargs)
+
+
+def test_invalid_action_is_refused(env):
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="not in"):
+        env.unwrapped.step(np.array([99, 0, 0]))
