@@ -120,6 +120,145 @@ def bench_env(
         raise typer.Exit(code=1) from exc
 
 
+def _overrides(**kw: object) -> dict[str, object]:
+    return {k.replace("__", "."): v for k, v in kw.items() if v is not None}
+
+
+def _fail(err: Exception) -> None:
+    typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+@app.command("train")
+def train_cmd(
+    config: str | None = typer.Option(
+        None, "--config", help="YAML scenario file, or a shipped name: 'default', 'smoke'."
+    ),
+    agent: str | None = typer.Option(
+        None, "--agent", help="Agent name, e.g. ppo, a2c, dqn, bayesopt, bandit."
+    ),
+    workload: str | None = typer.Option(
+        None, "--workload", help="mlp-digits, cnn-digits, charlm, wide-mlp."
+    ),
+    world_size: int | None = typer.Option(None, "--world-size", min=1, help="Number of ranks."),
+    timesteps: int | None = typer.Option(None, "--timesteps", min=1, help="Training decisions."),
+    network: str | None = typer.Option(
+        None, "--network", help="Emulated network spec (not available yet)."
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="Agent / training seed."),
+    steps_per_decision: int | None = typer.Option(None, "--steps-per-decision", min=1),
+    time_budget_s: float | None = typer.Option(
+        None, "--time-budget-s", help="Training seconds per episode."
+    ),
+    episodes: int | None = typer.Option(
+        None, "--episodes", min=1, help="Evaluation seeds per agent."
+    ),
+    baselines: str | None = typer.Option(
+        None, "--baselines", help="Comma-separated agents to compare."
+    ),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow tracking URI."),
+    output_dir: str | None = typer.Option(
+        None, "--output-dir", help="Folder for policy, plots, CSVs."
+    ),
+) -> None:
+    """Train an agent on real all-reduce runs, save the policy, compare it with the baselines."""
+    from commgym.experiments.config import load_run_config
+    from commgym.experiments.train import train
+
+    try:
+        cfg = load_run_config(
+            config or "default",
+            _overrides(
+                agent=agent,
+                timesteps=timesteps,
+                seed=seed,
+                episodes=episodes,
+                baselines=baselines,
+                tracking_uri=tracking_uri,
+                output_dir=output_dir,
+                env__workload=workload,
+                env__world_size=world_size,
+                env__network=network,
+                env__steps_per_decision=steps_per_decision,
+                env__time_budget_s=time_budget_s,
+            ),
+        )
+    except (ValueError, FileNotFoundError) as err:
+        _fail(err)
+    train(cfg)
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    policy: str = typer.Option(..., "--policy", help="Policy file saved by `commgym train`."),
+    baselines: str | None = typer.Option(
+        None,
+        "--baselines",
+        help="Comma-separated agents, e.g. static:ddp-default,static:fp16-dense,bayesopt.",
+    ),
+    episodes: int | None = typer.Option(
+        None, "--episodes", min=1, help="Evaluation seeds per agent."
+    ),
+    config: str | None = typer.Option(None, "--config", help="YAML scenario file or shipped name."),
+    workload: str | None = typer.Option(None, "--workload"),
+    world_size: int | None = typer.Option(None, "--world-size", min=1),
+    time_budget_s: float | None = typer.Option(None, "--time-budget-s"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    output_dir: str | None = typer.Option(None, "--output-dir"),
+) -> None:
+    """Compare a saved policy with baselines over the same seeds (mean and 95% interval)."""
+    from commgym.experiments.config import load_run_config
+    from commgym.experiments.train import evaluate
+
+    try:
+        cfg = load_run_config(
+            config or "default",
+            _overrides(
+                baselines=baselines,
+                episodes=episodes,
+                tracking_uri=tracking_uri,
+                output_dir=output_dir,
+                env__workload=workload,
+                env__world_size=world_size,
+                env__time_budget_s=time_budget_s,
+            ),
+        )
+    except (ValueError, FileNotFoundError) as err:
+        _fail(err)
+    try:
+        evaluate(cfg, policy)
+    except (ValueError, FileNotFoundError) as err:
+        _fail(err)
+
+
+@app.command("ui")
+def ui_cmd(
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="Store to browse."),
+    port: int = typer.Option(5000, "--port", help="Port on 127.0.0.1."),
+) -> None:
+    """Start the MLflow UI on 127.0.0.1 against the store the other commands use."""
+    import subprocess
+    import sys
+
+    from commgym.experiments.tracking import default_tracking_uri
+
+    uri = tracking_uri or default_tracking_uri()
+    typer.echo(f"MLflow UI for {uri} on http://127.0.0.1:{port} (Ctrl-C to stop)")
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    raise typer.Exit(subprocess.call(cmd))
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

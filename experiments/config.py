@@ -1,0 +1,131 @@
+"""Run configuration: one function resolves YAML < CLI flags, unknown keys are errors."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["CONFIG_DIR", "RunConfig", "load_run_config"]
+
+#: Scenario files shipped with commgym (``default.yaml``, ``smoke.yaml``).
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+@dataclass
+class RunConfig:
+    """Everything ``commgym train`` / ``commgym evaluate`` need, with defaults.
+
+    Attributes:
+        agent: agent name in ``AGENTS`` (``ppo``, ``bayesopt``, ``static:ddp-default``...).
+        agent_kwargs: agent hyperparameters.
+        timesteps: decisions used to train the agent.
+        seed: seed of the agent and of the training episodes.
+        env: ``EnvConfig`` fields (``workload``, ``world_size``, ``steps_per_decision``,
+            ``time_budget_s``, ``action_menu``, ...).
+        episodes: evaluation episodes per agent (seeds ``eval_seed + i``).
+        eval_seed: first evaluation seed (shared by every compared agent).
+        baselines: agents compared with the trained policy.
+        tracking_uri: MLflow tracking URI (default: ``sqlite:///<cwd>/mlflow.db`` or
+            ``MLFLOW_TRACKING_URI``).
+        experiment: MLflow experiment name.
+        output_dir: folder for the policy, plots and CSVs.
+    """
+
+    agent: str = "ppo"
+    agent_kwargs: dict[str, Any] = field(default_factory=dict)
+    timesteps: int = 256
+    seed: int = 0
+    env: dict[str, Any] = field(default_factory=dict)
+    episodes: int = 3
+    eval_seed: int = 1000
+    baselines: list[str] = field(
+        default_factory=lambda: ["static:ddp-default", "static:fp16-dense"]
+    )
+    tracking_uri: str | None = None
+    experiment: str = "commgym"
+    output_dir: str = "commgym-out"
+
+    def __post_init__(self) -> None:
+        for name in ("timesteps", "episodes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.env, dict):
+            raise ValueError(f"env must be a mapping of EnvConfig fields, got {self.env!r}")
+        if isinstance(self.baselines, str):
+            self.baselines = [b.strip() for b in self.baselines.split(",") if b.strip()]
+        from commgym.env import EnvConfig
+
+        EnvConfig(**self.env)  # validate early, with EnvConfig's messages
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (for YAML and MLflow params)."""
+        return asdict(self)
+
+
+def _check_keys(data: dict[str, Any], valid: list[str], where: str) -> None:
+    unknown = sorted(set(data) - set(valid))
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ValueError(f"unknown {where} keys: {', '.join(hints)}; valid keys: {sorted(valid)}")
+
+
+def load_run_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> RunConfig:
+    """Resolve a run configuration: defaults < YAML file < CLI overrides.
+
+    Args:
+        path: YAML file (or a name in ``CONFIG_DIR`` without ``.yaml``, e.g. ``"smoke"``);
+            ``None`` for defaults only.
+        overrides: values from the command line; ``None`` values are ignored. Keys are
+            ``RunConfig`` fields, or ``env.<EnvConfig field>`` for environment settings.
+
+    Returns:
+        The validated :class:`RunConfig`.
+
+    Raises:
+        FileNotFoundError: the YAML file does not exist.
+        ValueError: unknown keys (with close-match suggestions) or invalid values.
+    """
+    from commgym.env.allreduce_env import EnvConfig
+
+    run_fields = [f.name for f in fields(RunConfig)]
+    env_fields = [f.name for f in fields(EnvConfig) if f.init]
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists() and (CONFIG_DIR / f"{path}.yaml").exists():
+            p = CONFIG_DIR / f"{path}.yaml"
+        if not p.exists():
+            shipped = sorted(x.stem for x in CONFIG_DIR.glob("*.yaml"))
+            raise FileNotFoundError(
+                f"config file {str(path)!r} not found; shipped scenarios: {shipped}"
+            )
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config file {p} must hold a mapping, got {type(loaded).__name__}")
+        data = copy.deepcopy(loaded)
+    _check_keys(data, run_fields, f"config ({path})")
+    _check_keys(data.get("env") or {}, env_fields, f"config env ({path})")
+    data.setdefault("env", {})
+    data["env"] = dict(data["env"] or {})
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key.startswith("env."):
+            sub = key[4:]
+            _check_keys({sub: value}, env_fields, "env override")
+            data["env"][sub] = value
+        else:
+            _check_keys({key: value}, run_fields, "override")
+            data[key] = value
+    return RunConfig(**data)
