@@ -1,1 +1,61 @@
-"""commgym.agents: agents that choose communication configurations (not built yet)."""
+"""commgym.agents: agents that choose communication configurations.
+
+Every agent answers ``predict(obs, deterministic=True) -> (action, state)`` with
+``MultiDiscrete`` menu indices, learns with ``learn(total_timesteps)`` and saves to one
+zip file (``save(path)``, ``load_agent(path, env)``)::
+
+    import gymnasium, commgym.env
+    from commgym.agents import make_agent
+    env = gymnasium.make("commgym/AllReduce-v0", workload="mlp-digits", world_size=2)
+    agent = make_agent("bayesopt", env, seed=0).learn(60)
+    action, _ = agent.predict(obs)
+
+.. warning:: SB3 policy files (``ppo``, ``a2c``, ``dqn``) contain pickles: loading one
+   from an untrusted source can execute arbitrary code.
+
+This package may import stable-baselines3; it never imports MLflow.
+"""
+
+from commgym.agents.bandit import SlidingWindowUCBAgent
+from commgym.agents.base import (
+    Agent,
+    StepAgent,
+    check_compatible,
+    layout_of,
+    read_policy_json,
+)
+from commgym.agents.baselines import (
+    STATIC_PRESETS,
+    AccordionAgent,
+    AdaCommAgent,
+    GridAgent,
+    RandomAgent,
+    StaticAgent,
+)
+from commgym.agents.bayesopt import BayesOptAgent
+from commgym.agents.registry import AGENTS, agent_names, load_agent, make_agent
+from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent, SB3Agent
+
+__all__ = [
+    "AGENTS",
+    "STATIC_PRESETS",
+    "A2CAgent",
+    "AccordionAgent",
+    "AdaCommAgent",
+    "Agent",
+    "BayesOptAgent",
+    "DQNAgent",
+    "GridAgent",
+    "PPOAgent",
+    "RandomAgent",
+    "SB3Agent",
+    "SlidingWindowUCBAgent",
+    "StaticAgent",
+    "StepAgent",
+    "agent_names",
+    "check_compatible",
+    "layout_of",
+    "load_agent",
+    "make_agent",
+    "read_policy_json",
+]

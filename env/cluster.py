@@ -32,11 +32,17 @@ import time
 import weakref
 from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from commgym.collectives.errors import CollectiveTimeout, WorkerFailed
 
+if TYPE_CHECKING:  # pragma: no cover
+    from commgym.env.netem import EmulatedNetwork
+
 __all__ = ["Cluster"]
+
+#: c10d rendezvous port inside rank 0's private network namespace (no other user).
+_RDZV_PORT = 29400
 
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
@@ -62,6 +68,10 @@ class Cluster:
         control_host: address the control listener binds to (loopback by default).
         start_timeout_s: deadline for all ranks to connect.
         extra_env: environment variables added for the ranks.
+        network: an :class:`~commgym.env.netem.EmulatedNetwork`: rank ``k`` runs in the
+            network namespace ``k`` as its own torchrun agent (``--nnodes W --node-rank
+            k``, c10d rendezvous at rank 0's address), i.e. the multi-node code path over
+            shaped links; the control listener binds to the bridge address.
 
     Raises:
         ValueError: bad ``world_size``, ``backend`` or ``timeout_s``.
@@ -79,6 +89,7 @@ class Cluster:
         control_host: str = "127.0.0.1",
         start_timeout_s: float = 180.0,
         extra_env: dict[str, str] | None = None,
+        network: EmulatedNetwork | None = None,
     ) -> None:
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
@@ -95,9 +106,16 @@ class Cluster:
         self.control_host = control_host
         self.start_timeout_s = float(start_timeout_s)
         self.extra_env = dict(extra_env or {})
+        self.network = network
+        if network is not None:
+            if network.world_size != world_size:
+                raise ValueError(
+                    f"network has {network.world_size} namespaces, world_size is {world_size}"
+                )
+            self.control_host = network.bridge_address
         self._authkey = secrets.token_bytes(32)
         self._listener: Listener | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._procs: list[subprocess.Popen[bytes]] = []
         self._conns: list[Connection] = []
         self.hello: list[dict[str, Any]] = []
         self._log_path: Path | None = None
@@ -109,7 +127,7 @@ class Cluster:
         """True while ranks are connected and the launcher (if any) is running."""
         if not self._alive:
             return False
-        return not (self._proc is not None and self._proc.poll() is not None)
+        return all(p.poll() is None for p in self._procs)
 
     @property
     def control_address(self) -> tuple[str, int]:
@@ -160,16 +178,48 @@ class Cluster:
                     "OMP_NUM_THREADS": str(self.threads_per_rank),
                 }
             )
-            cmd = [
-                sys.executable, "-m", "torch.distributed.run",
-                "--standalone", "--nproc-per-node", str(self.world_size),
-                "--max-restarts", "0", "--monitor-interval", "0.2",
-                "-m", "commgym.env.worker", "--control", f"{host}:{port}",
-            ]  # fmt: skip
+            worker = ["-m", "commgym.env.worker", "--control", f"{host}:{port}"]
             with open(log, "wb") as out:
-                self._proc = subprocess.Popen(
-                    cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-                )
+                if self.network is None:
+                    cmd = [
+                        sys.executable, "-m", "torch.distributed.run",
+                        "--standalone", "--nproc-per-node", str(self.world_size),
+                        "--max-restarts", "0", "--monitor-interval", "0.2", *worker,
+                    ]  # fmt: skip
+                    self._procs.append(
+                        subprocess.Popen(
+                            cmd,
+                            env=env,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )
+                    )
+                else:
+                    net = self.network
+                    rdzv = f"{net.ns_address(0)}:{_RDZV_PORT}"
+                    for k in range(self.world_size):
+                        cmd = [
+                            *net.exec_prefix(k), sys.executable, "-m", "torch.distributed.run",
+                            "--nnodes", str(self.world_size), "--nproc-per-node", "1",
+                            "--node-rank", str(k), "--rdzv-backend", "c10d",
+                            "--rdzv-endpoint", rdzv, "--rdzv-id", net.name,
+                            # rank 0's agent hosts the store (its address lives in a
+                            # namespace, which torch's local-address check cannot see)
+                            "--rdzv-conf", f"is_host={int(k == 0)}",
+                            "--local-addr", net.ns_address(k),
+                            "--max-restarts", "0", "--monitor-interval", "0.2", *worker,
+                        ]  # fmt: skip
+                        env_k = dict(env, GLOO_SOCKET_IFNAME=net.interfaces(k)[1])
+                        self._procs.append(
+                            subprocess.Popen(
+                                cmd,
+                                env=env_k,
+                                stdout=out,
+                                stderr=subprocess.STDOUT,
+                                start_new_session=True,
+                            )
+                        )
         conns: list[Connection] = []
         err: list[BaseException] = []
 
@@ -185,12 +235,13 @@ class Cluster:
         deadline = time.monotonic() + self.start_timeout_s
         while t.is_alive() and time.monotonic() < deadline:
             t.join(0.2)
-            if self._proc is not None and self._proc.poll() is not None:
+            if any(p.poll() is not None for p in self._procs):
                 break
         if t.is_alive() or err or len(conns) < self.world_size:
+            exited = [p.returncode for p in self._procs if p.poll() is not None]
             why = (
-                f"launcher exited with code {self._proc.returncode}"
-                if self._proc is not None and self._proc.poll() is not None
+                f"launcher exited with code {exited[0]}"
+                if exited
                 else f"only {len(conns)}/{self.world_size} ranks connected within "
                 f"{self.start_timeout_s:.0f} s"
             )
@@ -270,9 +321,10 @@ class Cluster:
                         f"rank {rank} failed in {msg.get('cmd')!r}:\n{reply.get('traceback')}"
                     )
                 replies[rank] = reply
-            if self._proc is not None and self._proc.poll() is not None and pending:
+            exited = [p.returncode for p in self._procs if p.poll() is not None]
+            if exited and pending:
                 ranks = sorted(pending.values())
-                code = self._proc.returncode
+                code = exited[0]
                 self.kill()
                 raise WorkerFailed(
                     f"torchrun exited with code {code} while ranks {ranks} were running "
@@ -286,8 +338,8 @@ class Cluster:
             with contextlib.suppress(Exception):
                 for c in self._conns:
                     c.send({"cmd": "close"})
-                if self._proc is not None:
-                    self._proc.wait(timeout=timeout_s)
+                for p in self._procs:
+                    p.wait(timeout=timeout_s)
         self.kill()
 
     def kill(self) -> None:
@@ -297,12 +349,13 @@ class Cluster:
             with contextlib.suppress(Exception):
                 c.close()
         self._conns = []
-        proc, self._proc = self._proc, None
-        if proc is not None:
+        procs, self._procs = self._procs, []
+        for proc in procs:
             # Failure path: nothing in the ranks is worth a graceful shutdown (a hung or
             # stopped rank would ignore SIGTERM), so the whole session goes at once.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        for proc in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
         if self.launch:  # ranks the user started elsewhere are not ours to kill

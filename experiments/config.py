@@ -59,9 +59,16 @@ class RunConfig:
             raise ValueError(f"env must be a mapping of EnvConfig fields, got {self.env!r}")
         if isinstance(self.baselines, str):
             self.baselines = [b.strip() for b in self.baselines.split(",") if b.strip()]
+        from commgym.agents import AGENTS
         from commgym.env import EnvConfig
 
         EnvConfig(**self.env)  # validate early, with EnvConfig's messages
+        for name in [self.agent, *self.baselines]:
+            base = name.split(":", 1)[0]
+            if base != "static" and base not in AGENTS:
+                close = difflib.get_close_matches(base, sorted(AGENTS), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"unknown agent {name!r}; known: {sorted(AGENTS)}.{hint}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (for YAML and MLflow params)."""

@@ -24,7 +24,8 @@ from rich.table import Table
 
 __all__ = ["EpisodeResult", "evaluate", "run_episode", "train"]
 
-console = Console()
+# Wide enough for the comparison table when output is piped or captured (no terminal).
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 @dataclass
@@ -235,8 +236,10 @@ def _parent_params(cfg: RunConfig, extra: dict[str, Any]) -> dict[str, Any]:
 def _announce(tracker: Any) -> None:
     from commgym.experiments.tracking import ui_command
 
-    console.print(f"MLflow tracking URI: [bold]{tracker.uri}[/bold]")
-    console.print(f"open the UI with:    [bold]{ui_command(tracker.uri)}[/bold]  (or: commgym ui)")
+    console.print(f"MLflow tracking URI: [bold]{tracker.tracking_uri}[/bold]")
+    console.print(
+        f"open the UI with:    [bold]{ui_command(tracker.tracking_uri)}[/bold]  (or: commgym ui)"
+    )
 
 
 def train(cfg: RunConfig) -> dict[str, list[EpisodeResult]]:

@@ -30,8 +30,7 @@ def _tree_pids(env: AllReduceEnv) -> list[int]:
     cluster = env.cluster
     assert cluster is not None
     pids = list(cluster.pids)
-    if cluster._proc is not None:
-        pids.append(cluster._proc.pid)
+    pids.extend(p.pid for p in cluster._procs)
     return pids
 
 

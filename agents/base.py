@@ -1,0 +1,479 @@
+"""The :class:`Agent` interface, policy files and layout compatibility checks.
+
+Every agent answers ``predict(obs, deterministic=True) -> (action, state)`` (the SB3
+``BaseAlgorithm.predict`` surface), so evaluation, replay and logging never branch on
+agent type.
+
+**Policy files.** ``Agent.save(path)`` writes ONE zip file:
+
+* agents of this package: a zip holding ``commgym_agent.json`` (class, hyperparameters,
+  learned state as plain lists, layout). No pickle is involved.
+* stable-baselines3 agents: SB3's own ``.zip`` with an extra ``commgym_agent.json``
+  member appended (SB3 ignores unknown members).
+
+.. warning::
+   SB3 archives contain pickled objects (``data`` may hold cloudpickled schedules and
+   spaces). Loading a policy file from an untrusted source can execute arbitrary code.
+   Only load SB3 policy files you created or trust.
+
+``commgym_agent.json`` also records the **layout** the policy was trained for: the
+action menu (``ActionMenu.to_dict()``), the observation field names and the env id.
+:func:`check_compatible` compares a layout with an env and names every difference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zipfile
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+from commgym.env.spaces import OBSERVATION_FIELDS, ActionMenu, ObservationBuilder
+from gymnasium import spaces
+
+__all__ = [
+    "ENV_ID",
+    "POLICY_JSON",
+    "Agent",
+    "LearnCallback",
+    "StepAgent",
+    "check_compatible",
+    "layout_of",
+    "menu_of",
+    "read_policy_json",
+]
+
+#: The environment id recorded in policy files.
+ENV_ID = "commgym/AllReduce-v0"
+#: Name of the JSON member inside every policy zip.
+POLICY_JSON = "commgym_agent.json"
+#: Version of the JSON schema (bumped when its keys change meaning).
+POLICY_FORMAT = 1
+
+#: ``callback(step) -> bool``; ``step`` has keys ``obs, action, reward, terminated,
+#: truncated, info, timestep``; returning ``False`` stops ``learn`` (``None`` continues).
+LearnCallback = Callable[[dict[str, Any]], "bool | None"]
+
+
+def menu_of(env: gym.Env) -> ActionMenu:
+    """The :class:`ActionMenu` of ``env`` (looked up on ``env.unwrapped.menu``).
+
+    Raises:
+        TypeError: the env exposes no ``ActionMenu`` or its action space is not the
+            menu's ``MultiDiscrete``.
+    """
+    menu = getattr(env.unwrapped, "menu", None)
+    if not isinstance(menu, ActionMenu):
+        raise TypeError(
+            f"{type(env.unwrapped).__name__} has no ActionMenu at env.unwrapped.menu; "
+            "commgym agents need a commgym environment (e.g. commgym/AllReduce-v0)"
+        )
+    space = env.action_space
+    if not isinstance(space, spaces.MultiDiscrete) or not np.array_equal(space.nvec, menu.nvec):
+        raise TypeError(
+            f"env.action_space must be MultiDiscrete({menu.nvec.tolist()}) (the menu's), got "
+            f"{space}; pass the env itself, not a FlattenAction-wrapped one"
+        )
+    return menu
+
+
+def layout_of(env: gym.Env) -> dict[str, Any]:
+    """The layout a policy trained on ``env`` depends on (stored in policy files)."""
+    return {
+        "action_menu": menu_of(env).to_dict(),
+        "observation_fields": [f.name for f in OBSERVATION_FIELDS],
+        "env_id": ENV_ID,
+    }
+
+
+def check_compatible(layout: dict[str, Any], env: gym.Env) -> None:
+    """Raise if a policy with ``layout`` cannot act in ``env``.
+
+    Args:
+        layout: the ``layout`` entry of a policy file (see :func:`layout_of`).
+        env: the environment the policy should act in.
+
+    Raises:
+        ValueError: lists every difference: menu entries per list (``compression``,
+            ``bucket_mb``, ``sync_period``, ``error_feedback``) and observation fields
+            (saved vs current, with the first differing index).
+    """
+    current = layout_of(env)
+    problems: list[str] = []
+    saved_menu = layout.get("action_menu", {})
+    for key, now in current["action_menu"].items():
+        before = saved_menu.get(key)
+        if before != now:
+            problems.append(f"action menu '{key}': policy has {before!r}, env has {now!r}")
+    saved_fields = list(layout.get("observation_fields", []))
+    now_fields = current["observation_fields"]
+    if saved_fields != now_fields:
+        first = next(
+            (i for i, (a, b) in enumerate(zip(saved_fields, now_fields, strict=False)) if a != b),
+            min(len(saved_fields), len(now_fields)),
+        )
+        problems.append(
+            f"observation fields differ from index {first}: policy has {saved_fields} "
+            f"({len(saved_fields)} fields), env has {now_fields} ({len(now_fields)} fields)"
+        )
+    if problems:
+        raise ValueError(
+            "policy layout is incompatible with the environment: " + "; ".join(problems)
+        )
+
+
+def read_policy_json(path: str | Path) -> dict[str, Any]:
+    """Read ``commgym_agent.json`` from a policy zip (no pickle is touched).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: not a zip, or the zip has no ``commgym_agent.json``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"policy file {path} does not exist")
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path} is not a zip file (commgym policy files are zips)")
+    with zipfile.ZipFile(path) as zf:
+        if POLICY_JSON not in zf.namelist():
+            raise ValueError(f"{path} has no {POLICY_JSON} member: not saved by a commgym agent")
+        return json.loads(zf.read(POLICY_JSON).decode("utf-8"))
+
+
+def _zip_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path if path.suffix == ".zip" else path.with_name(path.name + ".zip")
+
+
+class _LayoutEnv(gym.Env):
+    """Spaces and menu of a saved policy, for agents loaded without an env.
+
+    ``predict`` works; ``reset``/``step`` raise (pass ``env=`` to ``load`` to learn).
+    """
+
+    def __init__(self, menu: ActionMenu) -> None:
+        self.menu = menu
+        self.action_space = spaces.MultiDiscrete(menu.nvec)
+        self.observation_space = ObservationBuilder(menu, 1, 1).space
+
+    def reset(self, *, seed=None, options=None):
+        raise RuntimeError("agent was loaded without an env: load(path, env=...) to learn")
+
+    def step(self, action):
+        raise RuntimeError("agent was loaded without an env: load(path, env=...) to learn")
+
+
+class Agent(ABC):
+    """Chooses communication configurations for a commgym environment.
+
+    Args:
+        env: a commgym env with a ``MultiDiscrete`` action space over
+            ``env.unwrapped.menu`` (an :class:`~commgym.env.ActionMenu`).
+        seed: seed of the agent's own randomness (and of the first ``env.reset``).
+        **hyperparams: agent-specific settings (see each subclass).
+
+    Raises:
+        TypeError: ``env`` is not a commgym env (no menu / wrong action space).
+        ValueError: invalid hyperparameters (subclasses name the value).
+    """
+
+    #: Registry name (``make_agent(name, env)``).
+    name: ClassVar[str] = ""
+
+    def __init__(self, env: gym.Env, *, seed: int | None = None, **hyperparams: Any) -> None:
+        self.env = env
+        self.menu = menu_of(env)
+        self.action_space: spaces.MultiDiscrete = env.action_space  # type: ignore[assignment]
+        self.observation_space = env.observation_space
+        self.seed = seed
+        self.layout = layout_of(env)
+        self._hyperparams = dict(hyperparams)
+
+    # -- interface -----------------------------------------------------------------------
+    @property
+    def hyperparams(self) -> dict[str, Any]:
+        """Hyperparameters as plain values (JSON-serialisable; for logging and saving)."""
+        return dict(self._hyperparams)
+
+    @abstractmethod
+    def predict(
+        self,
+        observation: np.ndarray,
+        state: Any = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = True,
+    ) -> tuple[np.ndarray, Any]:
+        """Choose menu indices for an observation.
+
+        Args:
+            observation: float32 array of shape ``(17,)`` or a batch ``(n, 17)``.
+            state: the state returned by the previous call (agents that track episode
+                history), or None.
+            episode_start: bool array ``(n,)``; True resets that row's state.
+            deterministic: the agent's best choice (True) or its exploring choice.
+
+        Returns:
+            ``(action, state)``: int64 action of shape ``(3,)`` (``(n, 3)`` for a batch)
+            inside the env's original ``MultiDiscrete`` space, and the next state.
+
+        Raises:
+            ValueError: the observation has the wrong shape.
+        """
+
+    @abstractmethod
+    def learn(
+        self,
+        total_timesteps: int,
+        progress_bar: bool = False,
+        callback: LearnCallback | Any = None,
+    ) -> Agent:
+        """Interact with ``self.env`` for ``total_timesteps`` decisions and learn.
+
+        Args:
+            total_timesteps: number of ``env.step`` calls (decisions), >= 0.
+            progress_bar: show a progress bar.
+            callback: ``callback(step: dict) -> bool`` called after every step (keys
+                ``obs, action, reward, terminated, truncated, info, timestep``);
+                returning ``False`` stops. SB3 agents also take SB3 callbacks.
+
+        Returns:
+            self.
+        """
+
+    @abstractmethod
+    def save(self, path: str | Path) -> Path:
+        """Write the policy to ONE zip file; ``.zip`` is appended if missing.
+
+        Returns:
+            The path written.
+        """
+
+    @classmethod
+    @abstractmethod
+    def load(cls, path: str | Path, env: gym.Env | None = None) -> Agent:
+        """Load a policy written by :meth:`save`.
+
+        Args:
+            path: the policy zip.
+            env: env to act/learn in; its layout is checked against the file's.
+                Without one, ``predict`` works and ``learn`` raises.
+
+        Raises:
+            ValueError: the file is of another agent class, or the layout is
+                incompatible with ``env`` (the message names the differences).
+        """
+
+    # -- helpers for subclasses ----------------------------------------------------------
+    def _policy_json(self, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {
+            "format": POLICY_FORMAT,
+            "class": type(self).__name__,
+            "name": self.name,
+            "seed": self.seed,
+            "hyperparams": self.hyperparams,
+            "state": state if state is not None else {},
+            "layout": self.layout,
+        }
+
+    @classmethod
+    def _check_file(cls, meta: dict[str, Any], path: Path, env: gym.Env | None) -> gym.Env:
+        if meta.get("class") != cls.__name__:
+            raise ValueError(
+                f"{path} holds a {meta.get('class')!r} policy, not {cls.__name__}; "
+                "use commgym.agents.load_agent to pick the class from the file"
+            )
+        if env is None:
+            return _LayoutEnv(ActionMenu.from_any(meta["layout"]["action_menu"]))
+        check_compatible(meta["layout"], env)
+        return env
+
+    def _require_env(self) -> gym.Env:
+        if isinstance(self.env, _LayoutEnv):
+            raise RuntimeError(
+                f"{type(self).__name__} was loaded without an env; load(path, env=...) to learn"
+            )
+        return self.env
+
+    def _flat(self, action: np.ndarray) -> int:
+        return int(np.ravel_multi_index(tuple(int(x) for x in action), tuple(self.menu.nvec)))
+
+    def _unflat(self, index: int) -> np.ndarray:
+        return np.array(np.unravel_index(int(index), tuple(self.menu.nvec)), dtype=np.int64)
+
+    def __repr__(self) -> str:
+        hp = ", ".join(f"{k}={v!r}" for k, v in self.hyperparams.items())
+        return f"{type(self).__name__}({hp}{', ' if hp else ''}seed={self.seed!r})"
+
+
+class StepAgent(Agent):
+    """Base of the agents of this package: a per-observation rule plus an env loop.
+
+    Subclasses implement :meth:`_act` (one observation -> action) and optionally
+    :meth:`_observe` (learn from one transition), :meth:`_get_state` /
+    :meth:`_set_state` (learned state as plain JSON values) and :meth:`_episode_start`.
+    ``learn`` runs the env itself: ``reset(seed=seed)`` first, then one ``step`` per
+    timestep with the exploring action (``deterministic=False``), resetting when an
+    episode ends.
+    """
+
+    def __init__(self, env: gym.Env, *, seed: int | None = None, **hyperparams: Any) -> None:
+        super().__init__(env, seed=seed, **hyperparams)
+        self._obs_dim = int(np.prod(self.observation_space.shape))
+        self._learned_once = False
+
+    # -- to implement -------------------------------------------------------------------
+    @abstractmethod
+    def _act(self, obs: np.ndarray, state: Any, deterministic: bool) -> tuple[np.ndarray, Any]:
+        """One float32 observation ``(17,)`` -> (int64 action ``(3,)``, next state)."""
+
+    def _observe(
+        self,
+        obs: np.ndarray,
+        action: np.ndarray,
+        reward: float,
+        next_obs: np.ndarray,
+        terminated: bool,
+        truncated: bool,
+        info: dict[str, Any],
+    ) -> None:
+        """Learn from one transition (default: nothing to learn)."""
+
+    def _episode_start(self, obs: np.ndarray) -> None:
+        """Called by ``learn`` after every ``env.reset`` (default: nothing)."""
+
+    def _get_state(self) -> dict[str, Any]:
+        """Learned state as plain JSON values (default: none)."""
+        return {}
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`_get_state`'s output (default: nothing)."""
+
+    # -- Agent API ------------------------------------------------------------------------
+    def predict(  # noqa: D102 - documented on Agent
+        self,
+        observation: np.ndarray,
+        state: Any = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = True,
+    ) -> tuple[np.ndarray, Any]:
+        obs = np.asarray(observation, dtype=np.float32)
+        if obs.shape == (self._obs_dim,):
+            if episode_start is not None and bool(np.asarray(episode_start).reshape(-1)[0]):
+                state = None
+            return self._act(obs, state, deterministic)
+        if obs.ndim == 2 and obs.shape[1] == self._obs_dim:
+            n = obs.shape[0]
+            states: Sequence[Any] = [None] * n if state is None else list(state)
+            if len(states) != n:
+                raise ValueError(f"state has {len(states)} entries for a batch of {n}")
+            starts = (
+                np.zeros(n, dtype=bool)
+                if episode_start is None
+                else np.asarray(episode_start, dtype=bool).reshape(n)
+            )
+            actions = np.empty((n, 3), dtype=np.int64)
+            new_states: list[Any] = []
+            for i in range(n):
+                actions[i], s = self._act(obs[i], None if starts[i] else states[i], deterministic)
+                new_states.append(s)
+            return actions, (None if all(s is None for s in new_states) else new_states)
+        raise ValueError(
+            f"observation must have shape ({self._obs_dim},) or (n, {self._obs_dim}), "
+            f"got {obs.shape}"
+        )
+
+    def learn(  # noqa: D102 - documented on Agent
+        self,
+        total_timesteps: int,
+        progress_bar: bool = False,
+        callback: LearnCallback | None = None,
+    ) -> StepAgent:
+        if isinstance(total_timesteps, bool) or not isinstance(total_timesteps, int | np.integer):
+            raise ValueError(f"total_timesteps must be an integer >= 0, got {total_timesteps!r}")
+        if total_timesteps < 0:
+            raise ValueError(f"total_timesteps must be >= 0, got {total_timesteps}")
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback must be callable(dict) -> bool, got {callback!r}")
+        env = self._require_env()
+        seed = self.seed if not self._learned_once else None
+        self._learned_once = True
+        obs, _ = env.reset(seed=seed)
+        self._episode_start(obs)
+        state: Any = None
+        progress = _Progress(total_timesteps, type(self).__name__) if progress_bar else None
+        try:
+            for t in range(int(total_timesteps)):
+                action, state = self.predict(obs, state, deterministic=False)
+                next_obs, reward, terminated, truncated, info = env.step(action)
+                reward = float(reward)
+                self._observe(obs, action, reward, next_obs, terminated, truncated, info)
+                if progress is not None:
+                    progress.advance()
+                if callback is not None:
+                    keep = callback(
+                        {
+                            "obs": next_obs,
+                            "action": action,
+                            "reward": reward,
+                            "terminated": bool(terminated),
+                            "truncated": bool(truncated),
+                            "info": info,
+                            "timestep": t + 1,
+                        }
+                    )
+                    if keep is False:
+                        break
+                obs = next_obs
+                if terminated or truncated:
+                    obs, _ = env.reset()
+                    state = None
+                    self._episode_start(obs)
+        finally:
+            if progress is not None:
+                progress.close()
+        return self
+
+    def save(self, path: str | Path) -> Path:  # noqa: D102 - documented on Agent
+        path = _zip_path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = self._policy_json(self._get_state())
+        text = json.dumps(meta, indent=1, allow_nan=False)
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr(POLICY_JSON, text)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, env: gym.Env | None = None) -> StepAgent:  # noqa: D102
+        path = Path(path)
+        meta = read_policy_json(path)
+        env = cls._check_file(meta, path, env)
+        agent = cls(env, seed=meta.get("seed"), **meta.get("hyperparams", {}))
+        agent._set_state(meta.get("state", {}))
+        return agent
+
+
+class _Progress:
+    """A rich progress bar over decisions (imported lazily)."""
+
+    def __init__(self, total: int, label: str) -> None:
+        from rich.progress import Progress
+
+        self._progress = Progress()
+        self._progress.start()
+        self._task = self._progress.add_task(f"{label} learn", total=total)
+
+    def advance(self) -> None:
+        self._progress.advance(self._task)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+def _finite(x: float, default: float = 0.0) -> float:
+    """``x`` if finite else ``default`` (JSON has no NaN)."""
+    return x if math.isfinite(x) else default

@@ -1,0 +1,280 @@
+"""stable-baselines3 agents: PPO and A2C on the ``MultiDiscrete`` menu, DQN on its flattening.
+
+SB3 (Raffin et al., "Stable-Baselines3: Reliable Reinforcement Learning
+Implementations", JMLR 2021) runs the env loop itself. Defaults are sized for the real
+environment, where one decision costs seconds: short rollouts and small batches so the
+policy updates after tens of decisions, not thousands.
+
+.. warning::
+   SB3 policy files contain pickles (in the ``data`` member). Loading a policy file from
+   an untrusted source can execute arbitrary code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+from commgym.agents.base import (
+    POLICY_JSON,
+    Agent,
+    LearnCallback,
+    _Progress,
+    _zip_path,
+    read_policy_json,
+)
+from commgym.env import FlattenAction
+from stable_baselines3 import A2C, DQN, PPO
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
+
+__all__ = ["A2CAgent", "DQNAgent", "PPOAgent", "SB3Agent"]
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy of a hyperparameter (classes and callables become their names)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    return repr(value)
+
+
+class _FunctionCallback(BaseCallback):
+    """Adapts ``callback(step: dict) -> bool`` to SB3's callback protocol (one env)."""
+
+    def __init__(self, fn: LearnCallback, to_multi: Any) -> None:
+        super().__init__()
+        self._fn = fn
+        self._to_multi = to_multi
+
+    def _on_step(self) -> bool:
+        loc = self.locals
+        info = dict(loc["infos"][0])
+        done = bool(loc["dones"][0])
+        truncated = done and bool(info.get("TimeLimit.truncated", False))
+        obs = info.get("terminal_observation") if done else None
+        if obs is None:
+            obs = np.asarray(loc["new_obs"])[0]
+        keep = self._fn(
+            {
+                "obs": obs,
+                "action": self._to_multi(np.asarray(loc["actions"])[0]),
+                "reward": float(np.asarray(loc["rewards"])[0]),
+                "terminated": done and not truncated,
+                "truncated": truncated,
+                "info": info,
+                "timestep": int(self.num_timesteps),
+            }
+        )
+        return keep is not False
+
+
+class _RichProgressCallback(BaseCallback):
+    """A rich progress bar over SB3 timesteps (fallback when tqdm is missing)."""
+
+    def __init__(self, total: int, label: str) -> None:
+        super().__init__()
+        self._total, self._label = total, label
+        self._bar: _Progress | None = None
+
+    def _on_training_start(self) -> None:
+        self._bar = _Progress(self._total, self._label)
+
+    def _on_step(self) -> bool:
+        if self._bar is not None:
+            self._bar.advance()
+        return True
+
+    def _on_training_end(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class SB3Agent(Agent):
+    """An SB3 algorithm behind the :class:`Agent` interface.
+
+    Args:
+        env: commgym env (``MultiDiscrete`` action space).
+        seed: SB3 seed (torch, numpy, action space).
+        **hyperparams: keyword arguments of the SB3 algorithm (``policy`` defaults to
+            ``"MlpPolicy"``, ``device`` to ``"cpu"``); they override :attr:`defaults`.
+
+    Raises:
+        TypeError: unknown SB3 keyword arguments (from SB3).
+    """
+
+    algo: ClassVar[type[BaseAlgorithm]]
+    #: Defaults for the slow real env (overridable by keyword).
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, env: gym.Env, *, seed: int | None = None, **hyperparams: Any) -> None:
+        merged = {"policy": "MlpPolicy", "device": "cpu", **self.defaults, **hyperparams}
+        super().__init__(env, seed=seed, **merged)
+        kwargs = dict(merged)
+        policy = kwargs.pop("policy")
+        self.model = self.algo(policy, self._algo_env(env), seed=seed, **kwargs)
+        self._learned_once = False
+
+    @property
+    def hyperparams(self) -> dict[str, Any]:  # noqa: D102 - see Agent
+        return {k: _plain(v) for k, v in self._hyperparams.items()}
+
+    def _algo_env(self, env: gym.Env) -> gym.Env:
+        """The env as the SB3 algorithm sees it."""
+        return env
+
+    def _to_multi(self, action: np.ndarray) -> np.ndarray:
+        """SB3 action -> int64 menu indices ``(3,)`` or ``(n, 3)``."""
+        return np.asarray(action, dtype=np.int64)
+
+    def predict(  # noqa: D102 - documented on Agent
+        self,
+        observation: np.ndarray,
+        state: Any = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = True,
+    ) -> tuple[np.ndarray, Any]:
+        obs = np.asarray(observation, dtype=np.float32)
+        dim = int(np.prod(self.observation_space.shape))
+        if obs.shape != (dim,) and not (obs.ndim == 2 and obs.shape[1] == dim):
+            raise ValueError(f"observation must have shape ({dim},) or (n, {dim}), got {obs.shape}")
+        action, state = self.model.predict(obs, state, episode_start, deterministic)
+        return self._to_multi(action), state
+
+    def learn(
+        self,
+        total_timesteps: int,
+        progress_bar: bool = False,
+        callback: LearnCallback | BaseCallback | list[BaseCallback] | None = None,
+    ) -> SB3Agent:
+        """Run ``model.learn`` (see :meth:`Agent.learn`); later calls continue counting.
+
+        Args:
+            total_timesteps: decisions to collect (SB3 rounds up to whole rollouts for
+                PPO/A2C).
+            progress_bar: passed to SB3 (whose bar needs ``tqdm``; without it a rich bar
+                is shown instead, with a warning).
+            callback: ``callback(step: dict) -> bool`` (actions given as ``MultiDiscrete``
+                menu indices, also for DQN), or SB3 callback(s) passed through unchanged.
+
+        Returns:
+            self.
+        """
+        if isinstance(total_timesteps, bool) or not isinstance(total_timesteps, int | np.integer):
+            raise ValueError(f"total_timesteps must be an integer >= 0, got {total_timesteps!r}")
+        if self.model.get_env() is None:
+            raise RuntimeError(
+                f"{type(self).__name__} was loaded without an env; load(path, env=...) to learn"
+            )
+        cb: Any = callback
+        if callback is not None and not isinstance(callback, BaseCallback | list):
+            if not callable(callback):
+                raise TypeError(f"callback must be callable(dict) -> bool, got {callback!r}")
+            cb = _FunctionCallback(callback, self._to_multi)
+        if progress_bar and importlib.util.find_spec("tqdm") is None:
+            # SB3's bar needs tqdm; a missing cosmetic dependency must not stop training
+            warnings.warn(
+                "stable-baselines3's progress bar needs tqdm (pip install tqdm); "
+                "showing a rich progress bar instead",
+                stacklevel=2,
+            )
+            progress_bar = False
+            bar = _RichProgressCallback(int(total_timesteps), type(self).__name__)
+            cb = [bar] if cb is None else [bar, *(cb if isinstance(cb, list) else [cb])]
+        self.model.learn(
+            int(total_timesteps),
+            callback=cb,
+            progress_bar=progress_bar,
+            reset_num_timesteps=not self._learned_once,
+        )
+        self._learned_once = True
+        return self
+
+    def save(self, path: str | Path) -> Path:  # noqa: D102 - documented on Agent
+        path = _zip_path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.model.save(path)
+        meta = self._policy_json({"num_timesteps": int(self.model.num_timesteps)})
+        with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr(POLICY_JSON, json.dumps(meta, indent=1, allow_nan=False))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, env: gym.Env | None = None) -> SB3Agent:
+        """Load an SB3 policy file (see :meth:`Agent.load`).
+
+        .. warning:: SB3 files contain pickles: never load one from an untrusted source.
+        """
+        path = Path(path)
+        meta = read_policy_json(path)
+        agent_env = cls._check_file(meta, path, env)
+        agent = cls.__new__(cls)
+        Agent.__init__(agent, agent_env, seed=meta.get("seed"), **meta.get("hyperparams", {}))
+        algo_env = agent._algo_env(env) if env is not None else None
+        agent.model = cls.algo.load(path, env=algo_env, device="cpu")
+        agent._learned_once = True
+        return agent
+
+
+class PPOAgent(SB3Agent):
+    """PPO (Schulman et al., "Proximal Policy Optimization Algorithms", 2017).
+
+    Acts on the ``MultiDiscrete`` menu directly (one categorical head per list).
+    Defaults: ``n_steps=32, batch_size=32, n_epochs=4, ent_coef=0.01``.
+    """
+
+    name = "ppo"
+    algo = PPO
+    defaults: ClassVar[dict[str, Any]] = {
+        "n_steps": 32, "batch_size": 32, "n_epochs": 4, "ent_coef": 0.01,
+    }  # fmt: skip
+
+
+class A2CAgent(SB3Agent):
+    """A2C (Mnih et al., "Asynchronous Methods for Deep Reinforcement Learning", ICML 2016).
+
+    Acts on the ``MultiDiscrete`` menu directly. Defaults: ``n_steps=8, ent_coef=0.01``.
+    """
+
+    name = "a2c"
+    algo = A2C
+    defaults: ClassVar[dict[str, Any]] = {"n_steps": 8, "ent_coef": 0.01}
+
+
+class DQNAgent(SB3Agent):
+    """DQN (Mnih et al., "Human-level control through deep reinforcement learning", 2015).
+
+    Learns on :class:`~commgym.env.FlattenAction` (``Discrete(menu.size)``, row-major);
+    ``predict`` maps the index back to ``MultiDiscrete`` menu indices, so callers see the
+    env's original action space. Defaults: ``learning_starts=32, buffer_size=5000,
+    train_freq=4, target_update_interval=100, exploration_fraction=0.3``.
+    """
+
+    name = "dqn"
+    algo = DQN
+    defaults: ClassVar[dict[str, Any]] = {
+        "learning_starts": 32, "buffer_size": 5000, "train_freq": 4,
+        "target_update_interval": 100, "exploration_fraction": 0.3,
+    }  # fmt: skip
+
+    def _algo_env(self, env: gym.Env) -> gym.Env:
+        return FlattenAction(env)
+
+    def _to_multi(self, action: np.ndarray) -> np.ndarray:
+        a = np.asarray(action, dtype=np.int64)
+        out = np.stack(np.unravel_index(a, tuple(self.menu.nvec)), axis=-1)
+        return out.astype(np.int64)
