@@ -39,7 +39,15 @@ class EnvConfig:
             ``reward="time_to_target"``.
         reward: ``"log_progress"`` (default), ``"time_to_target"`` or ``"throughput"``.
         action_menu: :class:`ActionMenu` or a dict of lists.
-        network: emulated network spec; only ``None`` (unshaped) is available so far.
+        network: emulated cluster network (needs root or CAP_NET_ADMIN and iproute2;
+            ranks then run in their own network namespaces, one torchrun agent each,
+            with ``tc``-shaped links). ``None``: unshaped loopback. A spec or profile
+            string (``"1gbit"``, ``"100mbit:5ms"``, ``"ethernet-1g"``, see
+            ``commgym.env.netem``); a schedule ``[[elapsed_training_s, spec], ...]``
+            applied while the episode runs; or ``{"profiles": [...]}`` for a seeded
+            random profile per episode.
+        network_strict: without the kernel's netem qdisc, delay/jitter/loss raise (True)
+            or are dropped with a warning (False; rate shaping still applies).
         seed: base seed (episode seeds are drawn from it unless ``reset(seed=...)``).
         timeout_s: deadline of every command to the ranks (must exceed one decision).
         batch_size: per-rank batch size (default: the workload's).
@@ -61,7 +69,8 @@ class EnvConfig:
     target_loss: float | None = None
     reward: str = "log_progress"
     action_menu: ActionMenu | dict[str, Any] | None = None
-    network: str | None = None
+    network: str | list[Any] | dict[str, Any] | None = None
+    network_strict: bool = True
     seed: int = 0
     timeout_s: float = 120.0
     batch_size: int | None = None
@@ -70,6 +79,7 @@ class EnvConfig:
     workload_modules: tuple[str, ...] = ()
     max_decisions: int | None = None
     menu: ActionMenu = field(init=False, repr=False)
+    _network: Any = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         def positive_int(name: str) -> None:
@@ -104,11 +114,7 @@ class EnvConfig:
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("backend 'nccl' needs device='cuda'")
-        if self.network is not None:
-            raise ValueError(
-                f"network={self.network!r}: network emulation (tc/netns shaping) is not "
-                "available in this version; use network=None for unshaped links"
-            )
+        self._network = _parse_network(self.network)
         from commgym.env.workloads import WORKLOADS, get_workload
 
         if (
@@ -227,6 +233,17 @@ class AllReduceEnv(gym.Env):
         self.observation_space = self._obs.space
         self._reward = REWARDS[cfg.reward]
         self._cluster: Cluster | None = None
+        self._net: Any = None
+        self._net_spec: Any = None
+        if cfg._network is not None:
+            from commgym.env.netem import netem_available
+
+            ok, why = netem_available()
+            if not ok:
+                raise RuntimeError(
+                    f"network={cfg.network!r} needs Linux network namespaces and tc (root or "
+                    f"CAP_NET_ADMIN, iproute2): {why}. Use network=None for unshaped links."
+                )
         self._last_obs: np.ndarray | None = None
         self._needs_reset = True
         self.last_reset_s = float("nan")
@@ -238,16 +255,44 @@ class AllReduceEnv(gym.Env):
             if self._cluster is not None:
                 self._cluster.kill()
             cfg = self.config
+            if cfg._network is not None and self._net is None:
+                from commgym.env.netem import EmulatedNetwork
+
+                self._net_spec = self._initial_spec(cfg.seed)
+                self._net = EmulatedNetwork(
+                    cfg.world_size, self._net_spec, strict=cfg.network_strict
+                )
             self._cluster = Cluster(
                 cfg.world_size,
                 backend=cfg.backend,
                 timeout_s=cfg.timeout_s,
                 threads_per_rank=cfg.threads_per_rank,
                 workload_modules=cfg.workload_modules,
+                network=self._net,
             )
             self._cluster.start()
             self.launches += 1
         return self._cluster
+
+    def _initial_spec(self, episode_seed: int) -> Any:
+        kind, value = self.config._network
+        if kind == "fixed":
+            return value
+        if kind == "schedule":
+            return value.spec_at(0.0)
+        from commgym.env.netem import choose_profile
+
+        return choose_profile(value, episode_seed)
+
+    def _set_network(self, spec: Any) -> None:
+        if self._net is not None and spec != self._net_spec:
+            self._net.apply(spec)
+            self._net_spec = spec
+
+    @property
+    def network(self) -> Any:
+        """The :class:`~commgym.env.netem.EmulatedNetwork` (None when unshaped)."""
+        return self._net
 
     @property
     def cluster(self) -> Cluster | None:
@@ -265,6 +310,8 @@ class AllReduceEnv(gym.Env):
         episode_seed = int(self.np_random.integers(0, 2**31 - 1))
         t0 = time.perf_counter()
         cluster = self._ensure_cluster()
+        if self._net is not None:
+            self._set_network(self._initial_spec(episode_seed))
         self._action = self.menu.default_action()
         replies = cluster.command(
             {
@@ -300,6 +347,7 @@ class AllReduceEnv(gym.Env):
             "rank_reset_s": max(float(r["reset_s"]) for r in replies),
             "launches": self.launches,
             "config": str(self.menu.decode(self._action)),
+            "network": None if self._net_spec is None else str(self._net_spec),
         }
         return obs, info
 
@@ -312,6 +360,10 @@ class AllReduceEnv(gym.Env):
         cfg_comm = self.menu.decode(a)
         cfg = self.config
         info: dict[str, Any] = {"config": str(cfg_comm), "action": cfg_comm.to_dict()}
+        if self._net is not None and cfg._network[0] == "schedule":
+            self._set_network(cfg._network[1].spec_at(self._train_time_s))
+        if self._net_spec is not None:
+            info["network"] = str(self._net_spec)
         t0 = time.perf_counter()
         try:
             replies = self._cluster.command(  # type: ignore[union-attr]
@@ -376,6 +428,10 @@ class AllReduceEnv(gym.Env):
         if self._cluster is not None:
             self._cluster.close()
             self._cluster = None
+        if self._net is not None:
+            self._net.close()
+            self._net = None
+            self._net_spec = None
         self._needs_reset = True
 
     # -- helpers ------------------------------------------------------------------------
@@ -410,6 +466,34 @@ class AllReduceEnv(gym.Env):
             "steps": int(r0["steps"]),
             "bucket_bytes": list(r0["bucket_bytes"]),
         }
+
+
+def _parse_network(network: Any) -> tuple[str, Any] | None:
+    """Validate the ``network`` option: ``(kind, value)`` with kind fixed/schedule/profiles."""
+    if network is None:
+        return None
+    from commgym.env.netem import NetworkSchedule, NetworkSpec
+
+    if isinstance(network, str):
+        return "fixed", NetworkSpec.parse(network)
+    if isinstance(network, dict):
+        unknown = set(network) - {"profiles", "schedule"}
+        if unknown or len(network) != 1:
+            raise ValueError(
+                f"network dict must be {{'profiles': [...]}} or {{'schedule': [[t, spec], ...]}}, "
+                f"got {network!r}"
+            )
+        if "profiles" in network:
+            profiles = [NetworkSpec.parse(p) for p in network["profiles"]]
+            if not profiles:
+                raise ValueError("network profiles must not be empty")
+            return "profiles", profiles
+        network = network["schedule"]
+    if isinstance(network, list | tuple):
+        return "schedule", NetworkSchedule.parse([tuple(x) for x in network])
+    raise ValueError(
+        f"network must be None, a spec string, a schedule list or a profiles dict, got {network!r}"
+    )
 
 
 def _combine_eval(replies: list[dict[str, Any]]) -> tuple[float, float]:

@@ -11,6 +11,7 @@ Commands (dicts with ``"cmd"``), each answered by exactly one reply dict:
            the initial held-out loss/accuracy and the reset time.
 ``step``   apply ``config`` (a ``CommConfig`` dict) and run ``steps`` real training
            iterations; reply with the measured statistics (see :class:`RankRunner.step`).
+``allreduce_bench``  time plain fp32 all-reduces of given sizes (network benchmark).
 ``close``  reply and exit.
 """
 
@@ -208,6 +209,28 @@ class RankRunner:
         }
 
 
+def bench_allreduce(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Time fp32 all-reduces of ``msg["sizes_bytes"]`` (median of ``msg["repeats"]``).
+
+    Used by ``commgym bench netem`` and the network tests: a barrier precedes each timed
+    call so every rank starts together.
+    """
+    out = {}
+    for size in msg["sizes_bytes"]:
+        buf = torch.ones(max(1, int(size) // 4), dtype=torch.float32, device=device)
+        dist.all_reduce(buf)  # warm-up (connections, allocations)
+        times = []
+        for _ in range(int(msg.get("repeats", 3))):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+        out[str(int(size))] = statistics.median(times)
+    return {"type": "bench", "seconds": out}
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -249,7 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         }
     )
     runner = RankRunner(rank, world, device)
-    handlers = {"reset": runner.reset, "step": runner.step}
+    handlers = {
+        "reset": runner.reset,
+        "step": runner.step,
+        "allreduce_bench": lambda msg: bench_allreduce(msg, device),
+    }
     try:
         while True:
             try:

@@ -120,6 +120,52 @@ def bench_env(
         raise typer.Exit(code=1) from exc
 
 
+@bench_app.command("netem")
+def bench_netem(
+    profiles: str = typer.Option(
+        "datacenter-25g,cloud-10g,ethernet-1g,wan-100m",
+        "--profiles",
+        help="Profiles or spec strings.",
+    ),
+    world_sizes: str = typer.Option("2,4", "--world-sizes", help="Comma-separated rank counts."),
+    sizes_mb: str = typer.Option(
+        "1,4,16,64", "--sizes-mb", help="Comma-separated buffer sizes in MiB."
+    ),
+    repeats: int = typer.Option(3, "--repeats", min=1),
+    json_path: str | None = typer.Option(None, "--json", help="Also write the rows as JSON."),
+) -> None:
+    """All-reduce bus bandwidth per network profile and world size, vs the configured rate."""
+    from commgym.experiments.bench_netem import run_netem_benchmark
+
+    try:
+        run_netem_benchmark(
+            [p.strip() for p in profiles.split(",") if p.strip()],
+            [int(w) for w in world_sizes.split(",") if w.strip()],
+            [float(m) for m in sizes_mb.split(",") if m.strip()],
+            repeats=repeats,
+            json_path=json_path,
+        )
+    except (RuntimeError, ValueError, PermissionError) as err:
+        _fail(err)
+
+
+netem_app = typer.Typer(
+    help="Emulated cluster network (Linux namespaces + tc).", no_args_is_help=True
+)
+app.add_typer(netem_app, name="netem")
+
+
+@netem_app.command("cleanup")
+def netem_cleanup() -> None:
+    """Remove leftover namespaces/links of commgym networks whose owner process is gone."""
+    from commgym.env.netem import cleanup_leftovers
+
+    removed = cleanup_leftovers()
+    typer.echo(
+        f"removed {len(removed)} leftover(s)" + (": " + ", ".join(removed) if removed else "")
+    )
+
+
 def _overrides(**kw: object) -> dict[str, object]:
     return {k.replace("__", "."): v for k, v in kw.items() if v is not None}
 

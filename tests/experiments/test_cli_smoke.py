@@ -46,7 +46,7 @@ def test_train_prints_table_and_ui_command(trained):
 
 
 def test_train_runs_params_metrics_artifacts(trained):
-    tmp, uri, _ = trained
+    _, uri, _ = trained
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("commgym-smoke")
     runs = client.search_runs([exp.experiment_id])

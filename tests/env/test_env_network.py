@@ -1,0 +1,95 @@
+"""The environment over an emulated cluster network (namespaces + tc), on real ranks."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+from commgym.env import AllReduceEnv
+from commgym.env.cluster import Cluster
+from commgym.env.netem import EmulatedNetwork, netem_available
+
+ok, why = netem_available()
+pytestmark = pytest.mark.skipif(not ok, reason=f"network emulation unavailable here: {why}")
+
+BASE = {"workload": "mlp-digits", "world_size": 2, "steps_per_decision": 5, "time_budget_s": 1e9}
+BW = 4  # observation index of the achieved bandwidth (Gbit/s)
+
+
+def _names() -> str:
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False).stdout
+    return ns + links
+
+
+def test_shaped_env_trains_and_bandwidth_reflects_shaping():
+    shaped = AllReduceEnv(**BASE, network="100mbit")
+    try:
+        shaped.reset(seed=0)
+        name = shaped.network.name
+        obs_list, infos = [], []
+        for _ in range(3):
+            obs, r, terminated, _, info = shaped.step(shaped.menu.default_action())
+            assert not terminated and np.isfinite(r)
+            obs_list.append(obs)
+            infos.append(info)
+        bw = float(np.median([o[BW] for o in obs_list]))
+        assert 0.03 < bw < 0.2, bw  # 100 Mbit/s link
+        assert infos[-1]["network"] == "100mbit"
+        assert infos[-1]["measured"]["eval_loss"] < infos[0]["measured"]["eval_loss"] + 1e-6
+    finally:
+        shaped.close()
+    assert name not in _names(), "namespaces/veths/bridge must be gone after close()"
+
+
+def test_schedule_change_mid_episode_shows_in_bandwidth():
+    env = AllReduceEnv(**BASE, network=[[0, "1gbit"], [0.3, "100mbit"]])
+    try:
+        env.reset(seed=0)
+        bws, nets = [], []
+        while len(bws) < 40:
+            obs, _, _, _, info = env.step(env.menu.default_action())
+            bws.append(float(obs[BW]))
+            nets.append(info["network"])
+            if nets[-1] == "100mbit" and nets.count("100mbit") >= 3:
+                break
+        fast = [b for b, n in zip(bws, nets, strict=True) if n == "1gbit"]
+        slow = [b for b, n in zip(bws, nets, strict=True) if n == "100mbit"]
+        assert fast and len(slow) >= 3, nets
+        assert np.median(fast) > 3 * np.median(slow), (fast, slow)
+    finally:
+        env.close()
+
+
+def test_two_rank_allreduce_matches_ring_model():
+    rate = 100e6
+    net = EmulatedNetwork(2, "100mbit")
+    cluster = Cluster(2, network=net, timeout_s=120)
+    try:
+        cluster.start()
+        size = 2 * 1024 * 1024
+        secs = cluster.command({"cmd": "allreduce_bench", "sizes_bytes": [size], "repeats": 3})[0][
+            "seconds"
+        ]
+        measured = secs[str(size)]
+        model = 2 * (2 - 1) / 2 * size * 8 / rate
+        assert 0.75 * model <= measured <= 1.25 * model, (measured, model)
+    finally:
+        cluster.close()
+        net.close()
+
+
+def test_killed_rank_leaves_no_namespace_after_close():
+    import os
+    import signal
+    import threading
+
+    env = AllReduceEnv(**{**BASE, "steps_per_decision": 100000, "timeout_s": 10.0}, network="1gbit")
+    env.reset(seed=0)
+    name = env.network.name
+    threading.Timer(1.0, lambda: os.kill(env.cluster.pids[1], signal.SIGKILL)).start()
+    _, _, terminated, _, info = env.step(env.menu.default_action())
+    assert terminated and "failure" in info
+    env.close()
+    assert name not in _names()
