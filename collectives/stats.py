@@ -32,6 +32,10 @@ class StepStats:
         nonfinite: True on *every* rank if any rank's gradient held NaN/inf.
         synchronized: False on local-SGD steps (gradients stayed local).
         collectives: number of collective calls issued this step.
+        instrumentation_s: host time ``synchronize()`` spent after the measured region
+            (resolving timings, gradient norm, the exact reference all-reduce for
+            ``compression_error``). Not part of the training step: subtract it from a
+            wall-clock measurement around ``synchronize()`` to get the step's own time.
     """
 
     step: int
@@ -45,6 +49,7 @@ class StepStats:
     nonfinite: bool
     synchronized: bool = True
     collectives: int = 0
+    instrumentation_s: float = 0.0
 
     @property
     def step_time_s(self) -> float:

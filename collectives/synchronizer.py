@@ -449,6 +449,7 @@ class GradientSynchronizer:
         t_end = clock.mark()
 
         # ---- outside the measured region: resolve timings and statistics ----
+        t_stats = time.perf_counter()
         compress_s = sum(clock.seconds(a, c) for a, c in st.compress_spans)
         hook_compress_s = sum(
             clock.seconds(a, c) for a, c in st.compress_spans[: st.hook_compress_spans]
@@ -461,6 +462,7 @@ class GradientSynchronizer:
             st.nonfinite_local is not None and int(st.nonfinite_local.sum()) > 0
         )
         error = self._compression_error(nonfinite)
+        instrumentation_s = time.perf_counter() - t_stats
         stats = StepStats(
             step=self._step,
             bytes_sent=st.bytes_sent,
@@ -473,6 +475,7 @@ class GradientSynchronizer:
             nonfinite=nonfinite,
             synchronized=True,
             collectives=st.collectives,
+            instrumentation_s=instrumentation_s,
         )
         self._step += 1
         self._measure_next = False

@@ -12,7 +12,14 @@ import gymnasium as gym
 import numpy as np
 from commgym.collectives.errors import CommgymError
 from commgym.env.cluster import Cluster
-from commgym.env.spaces import REWARDS, ActionMenu, ObservationBuilder, RewardContext
+from commgym.env.spaces import (
+    REWARDS,
+    ActionMenu,
+    ObservationBuilder,
+    RewardContext,
+    aggregate_measurements,
+)
+from commgym.env.spaces import combine_eval as _combine_eval
 from gymnasium import spaces
 
 __all__ = ["RESET_TIMEOUT_S", "AllReduceEnv", "EnvConfig", "FlattenAction"]
@@ -437,35 +444,7 @@ class AllReduceEnv(gym.Env):
     # -- helpers ------------------------------------------------------------------------
     @staticmethod
     def _aggregate(replies: list[dict[str, Any]]) -> dict[str, Any]:
-        r0 = replies[0]
-        n = len(replies)
-
-        def mean(key: str) -> float:
-            return sum(float(r[key]) for r in replies) / n
-
-        err = r0.get("compression_error")
-        eval_loss, eval_acc = _combine_eval(replies)
-        return {
-            "train_time_s": max(float(r["train_time_s"]) for r in replies),
-            "step_time_s": max(float(r["step_time_s"]) for r in replies),
-            "iter_mean_s": max(float(r["train_time_s"]) / max(int(r["steps"]), 1) for r in replies),
-            "compute_s": mean("compute_s"),
-            "comm_wait_s": mean("comm_wait_s"),
-            "compress_s": mean("compress_s"),
-            "comm_s": mean("comm_s"),
-            "bytes_per_step": float(r0["bytes_per_step"]),
-            "bytes_total": float(r0["bytes_total"]),
-            "train_loss": mean("train_loss"),
-            "eval_loss": eval_loss,
-            "eval_acc": eval_acc,
-            "eval_s": max(float(r["eval_s"]) for r in replies),
-            "grad_norm": float(r0["grad_norm"]),
-            "compression_error": None if err is None else float(err),
-            "nonfinite": any(bool(r["nonfinite"]) for r in replies),
-            "samples": sum(int(r["samples"]) for r in replies),
-            "steps": int(r0["steps"]),
-            "bucket_bytes": list(r0["bucket_bytes"]),
-        }
+        return aggregate_measurements(replies)
 
 
 def _parse_network(network: Any) -> tuple[str, Any] | None:
@@ -494,16 +473,6 @@ def _parse_network(network: Any) -> tuple[str, Any] | None:
     raise ValueError(
         f"network must be None, a spec string, a schedule list or a profiles dict, got {network!r}"
     )
-
-
-def _combine_eval(replies: list[dict[str, Any]]) -> tuple[float, float]:
-    """Held-out loss and accuracy over all ranks' shares (weighted by sample count)."""
-    n = sum(int(r["eval_n"]) for r in replies)
-    if n == 0:
-        return float("nan"), float("nan")
-    loss = sum(float(r["eval_loss"]) * int(r["eval_n"]) for r in replies) / n
-    acc = sum(float(r["eval_acc"]) * int(r["eval_n"]) for r in replies) / n
-    return loss, acc
 
 
 class FlattenAction(gym.ActionWrapper):

@@ -23,6 +23,8 @@ __all__ = [
     "ObservationBuilder",
     "ObservationField",
     "RewardContext",
+    "aggregate_measurements",
+    "combine_eval",
 ]
 
 
@@ -264,7 +266,7 @@ class ObservationBuilder:
         """Observation after a decision.
 
         Args:
-            m: aggregated measurements (keys as produced by ``AllReduceEnv._aggregate``:
+            m: aggregated measurements (keys as produced by :func:`aggregate_measurements`:
                 ``step_time_s``, ``comm_wait_s``, ``compress_s``, ``bytes_per_step``,
                 ``bytes_total``, ``comm_s``, ``train_loss``, ``eval_loss``, ``grad_norm``,
                 ``compression_error``).
@@ -310,6 +312,81 @@ class ObservationBuilder:
                 math.log10(max(self.num_params, 1)),
             ]
         )
+
+
+def combine_eval(per_rank: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    """Held-out loss and accuracy over all ranks' shares, weighted by ``eval_n``.
+
+    Args:
+        per_rank: one dict per rank with ``eval_loss``, ``eval_acc`` and ``eval_n``.
+
+    Returns:
+        ``(loss, accuracy)``; ``(nan, nan)`` when no rank evaluated any sample.
+    """
+    n = sum(int(r["eval_n"]) for r in per_rank)
+    if n == 0:
+        return float("nan"), float("nan")
+    loss = sum(float(r["eval_loss"]) * int(r["eval_n"]) for r in per_rank) / n
+    acc = sum(float(r["eval_acc"]) * int(r["eval_n"]) for r in per_rank) / n
+    return loss, acc
+
+
+def aggregate_measurements(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Combine the per-rank measurements of one decision into what observations use.
+
+    Shared by :class:`~commgym.env.AllReduceEnv` (the ranks' ``step`` replies) and the
+    in-training replay (:class:`~commgym.agents.replay.CommScheduler`), so both build
+    :meth:`ObservationBuilder.build`'s input the same way: times of the slowest rank,
+    means of per-rank timings and losses, rank 0's byte counts and gradient statistics
+    (identical on every rank after synchronisation), held-out loss weighted by samples.
+
+    Args:
+        per_rank: one dict per rank (rank order) with the keys of the worker's ``step``
+            reply: ``train_time_s``, ``step_time_s``, ``steps``, ``compute_s``,
+            ``comm_wait_s``, ``compress_s``, ``comm_s``, ``bytes_per_step``,
+            ``bytes_total``, ``train_loss``, ``eval_loss``, ``eval_acc``, ``eval_n``,
+            ``eval_s``, ``grad_norm``, ``compression_error`` (None when not measured),
+            ``nonfinite``, ``samples``, ``bucket_bytes``.
+
+    Returns:
+        The aggregated measurements (keys listed in :meth:`ObservationBuilder.build`, plus
+        ``train_time_s``, ``iter_mean_s``, ``compute_s``, ``eval_acc``, ``eval_s``,
+        ``nonfinite``, ``samples``, ``steps``, ``bucket_bytes``).
+
+    Raises:
+        ValueError: ``per_rank`` is empty.
+    """
+    if not per_rank:
+        raise ValueError("aggregate_measurements needs at least one rank's measurements")
+    r0 = per_rank[0]
+    n = len(per_rank)
+
+    def mean(key: str) -> float:
+        return sum(float(r[key]) for r in per_rank) / n
+
+    err = r0.get("compression_error")
+    eval_loss, eval_acc = combine_eval(per_rank)
+    return {
+        "train_time_s": max(float(r["train_time_s"]) for r in per_rank),
+        "step_time_s": max(float(r["step_time_s"]) for r in per_rank),
+        "iter_mean_s": max(float(r["train_time_s"]) / max(int(r["steps"]), 1) for r in per_rank),
+        "compute_s": mean("compute_s"),
+        "comm_wait_s": mean("comm_wait_s"),
+        "compress_s": mean("compress_s"),
+        "comm_s": mean("comm_s"),
+        "bytes_per_step": float(r0["bytes_per_step"]),
+        "bytes_total": float(r0["bytes_total"]),
+        "train_loss": mean("train_loss"),
+        "eval_loss": eval_loss,
+        "eval_acc": eval_acc,
+        "eval_s": max(float(r["eval_s"]) for r in per_rank),
+        "grad_norm": float(r0["grad_norm"]),
+        "compression_error": None if err is None else float(err),
+        "nonfinite": any(bool(r["nonfinite"]) for r in per_rank),
+        "samples": sum(int(r["samples"]) for r in per_rank),
+        "steps": int(r0["steps"]),
+        "bucket_bytes": list(r0["bucket_bytes"]),
+    }
 
 
 @dataclass

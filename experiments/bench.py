@@ -340,12 +340,18 @@ def run_sync_benchmark(
     summary = summarize(raw)
     _print_report(console, summary, meta)
     result = {**summary, "meta": meta, "raw": raw}
-    if json_path is not None:
-        path = Path(json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2, default=float))
-        console.print(f"[dim]wrote {path}[/dim]")
+    write_json(result, json_path, console)
     return result
+
+
+def write_json(result: dict[str, Any], json_path: str | Path | None, console: Console) -> None:
+    """Write a benchmark result as JSON (parents created) when ``json_path`` is given."""
+    if json_path is None:
+        return
+    path = Path(json_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=float))
+    console.print(f"[dim]wrote {path}[/dim]")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ Run as ``commgym bench env [options]`` or ``python -m commgym.experiments.bench_
 
 from __future__ import annotations
 
-import json
 import math
 import pickle
 import statistics
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from commgym.experiments.bench import write_json
 from rich.console import Console
 from rich.table import Table
 
@@ -449,11 +449,7 @@ def run_env_benchmark(
         "per_decision": records,
     }
     _print_report(console, result)
-    if json_path is not None:
-        path = Path(json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2, default=float))
-        console.print(f"[dim]wrote {path}[/dim]")
+    write_json(result, json_path, console)
     return result
 
 

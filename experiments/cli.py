@@ -305,6 +305,55 @@ def ui_cmd(
     raise typer.Exit(subprocess.call(cmd))
 
 
+@app.command("replay")
+def replay_cmd(
+    policy: str = typer.Option(..., "--policy", help="Policy file saved by `commgym train`."),
+    workload: str = typer.Option("mlp-digits", "--workload", help="Workload name."),
+    world_size: int = typer.Option(2, "--world-size", min=1, help="Number of ranks."),
+    network: str | None = typer.Option(
+        None, "--network", help="Emulated network spec/profile (needs CAP_NET_ADMIN)."
+    ),
+    steps: int | None = typer.Option(
+        None, "--steps", min=1, help="Cap on training iterations per run."
+    ),
+    time_budget_s: float = typer.Option(
+        30.0, "--time-budget-s", help="Training seconds per run (truncates)."
+    ),
+    target_loss: float | None = typer.Option(
+        None, "--target-loss", help="Held-out loss that ends a run (time-to-target)."
+    ),
+    steps_per_decision: int = typer.Option(
+        10, "--steps-per-decision", min=1, help="Iterations per decision (as in training)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed shared by every agent's run."),
+    baselines: str = typer.Option(
+        "static:ddp-default,static:fp16-dense", "--baselines", help="Comma-separated agents."
+    ),
+) -> None:
+    """Full training run with a saved policy and with the static baselines, side by side.
+
+    Loading an SB3 policy file (a pickle) from an untrusted source can execute code.
+    """
+    from commgym.collectives import CommgymError
+    from commgym.experiments.replay import replay
+
+    try:
+        replay(
+            policy,
+            workload=workload,
+            world_size=world_size,
+            network=network,
+            steps=steps,
+            time_budget_s=time_budget_s,
+            target_loss=target_loss,
+            steps_per_decision=steps_per_decision,
+            seed=seed,
+            baselines=[b.strip() for b in baselines.split(",") if b.strip()],
+        )
+    except (ValueError, FileNotFoundError, RuntimeError, CommgymError) as err:
+        _fail(err)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -278,16 +278,26 @@ def train(cfg: RunConfig) -> dict[str, list[EpisodeResult]]:
             parent.log_artifact(policy)
             parent.log_metrics({"train/learn_s": learn_s}, step=cfg.timesteps)
             console.print(f"learned in {learn_s:.1f} s; policy saved to [bold]{policy}[/bold]")
-            agents = {f"{cfg.agent} (learned)": agent}
-            for b in cfg.baselines:
-                agents[b] = _baseline(b, env, cfg)
-            results, comp = _compare(cfg, env, agents, tracker, parent.run_id, out)
-            parent.log_artifact(comp)
-            _print_table(results, cfg)
-            _log_summary(parent, results)
+            results = _compare_with_baselines(
+                cfg, env, f"{cfg.agent} (learned)", agent, tracker, parent, out
+            )
     finally:
         env.close()
     _announce(tracker)
+    return results
+
+
+def _compare_with_baselines(
+    cfg: RunConfig, env: gym.Env, name: str, agent: Any, tracker: Any, parent: Any, out: Path
+) -> dict[str, list[EpisodeResult]]:
+    """Evaluate ``agent`` and ``cfg.baselines`` on the same seeds; log, plot and print."""
+    agents = {name: agent}
+    for b in cfg.baselines:
+        agents[b] = _baseline(b, env, cfg)
+    results, comp = _compare(cfg, env, agents, tracker, parent.run_id, out)
+    parent.log_artifact(comp)
+    _print_table(results, cfg)
+    _log_summary(parent, results)
     return results
 
 
@@ -337,13 +347,9 @@ def evaluate(cfg: RunConfig, policy: str | Path) -> dict[str, list[EpisodeResult
         with tracker.start_run("evaluate", tags={"commgym.command": "evaluate"}) as parent:
             parent.log_params(_parent_params(cfg, {"policy": str(policy)}))
             parent.log_artifact(Path(policy))
-            agents = {f"policy ({Path(policy).name})": agent}
-            for b in cfg.baselines:
-                agents[b] = _baseline(b, env, cfg)
-            results, comp = _compare(cfg, env, agents, tracker, parent.run_id, out)
-            parent.log_artifact(comp)
-            _print_table(results, cfg)
-            _log_summary(parent, results)
+            results = _compare_with_baselines(
+                cfg, env, f"policy ({Path(policy).name})", agent, tracker, parent, out
+            )
     finally:
         env.close()
     _announce(tracker)

@@ -1,0 +1,651 @@
+"""Replay a communication policy inside a user's own data-parallel training job.
+
+A policy trained on ``commgym/AllReduce-v0`` (or any agent of :data:`AGENTS`) steers the
+gradient compression, bucket size and local-SGD period of a real ``torchrun`` job::
+
+    import torch.distributed as dist
+    from commgym.agents.replay import CommScheduler
+
+    dist.init_process_group("gloo")                     # or "nccl"; torchrun sets the rest
+    model = build_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = CommScheduler(model, opt, "policy.zip", decision_every=10,
+                          time_budget_s=120.0, eval_fn=held_out_loss)
+    for x, y in batches:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        sched.step(loss)            # synchronize + optimizer.step + local-SGD + decisions
+    sched.close()                   # consensus model on every rank, detach hooks
+
+Every ``decision_every`` optimizer steps (one *decision*, the env's ``steps_per_decision``)
+the scheduler
+
+1. averages local-SGD replicas (``GradientSynchronizer.consensus``; cost counted), as the
+   env does at every decision boundary;
+2. measures what a rank of the env measures for a decision (wall time per iteration,
+   ``StepStats`` timings and bytes, training loss, held-out loss) and exchanges these
+   scalars with ONE small all-gather (18 float64 per rank);
+3. aggregates them with :func:`commgym.env.spaces.aggregate_measurements` and builds the
+   observation with :meth:`commgym.env.spaces.ObservationBuilder.build`, the very code
+   the environment runs, so the policy sees the observation it was trained on;
+4. asks the policy for an action on rank 0 only (``predict(obs, deterministic=True)``),
+   broadcasts the three menu indices, and reconfigures the synchronizer on every rank at
+   the same step.
+
+**Held-out loss.** ``eval_fn() -> float`` is called on every rank after the consensus
+averaging (so on identical parameters); the ranks' values are averaged with equal weight,
+so each rank may evaluate a disjoint share of the held-out set or all of it. It must not
+issue collectives that other ranks do not issue. Without ``eval_fn`` the ``eval_loss``
+(and ``loss_change``) fields use the mean training loss of the decision's last
+``decision_every`` steps over all ranks (the values passed to :meth:`CommScheduler.step`),
+which is noisier and optimistic; a policy trained on held-out losses then sees slightly
+different inputs.
+
+**Elapsed fraction.** ``elapsed_frac`` = training time so far (sum over decisions of the
+slowest rank's iteration wall time, consensus and reconfiguration, as the env counts it;
+evaluation and the decision itself are excluded) / ``time_budget_s``. Without
+``time_budget_s`` the field is 0 (a warning says so).
+
+**Decision time.** The policy's ``predict`` time on rank 0 is measured per decision
+(:attr:`DecisionRecord.policy_s`), as is each rank's whole decision overhead
+(:attr:`DecisionRecord.decision_s`: consensus, exchange, observation, policy, broadcast,
+reconfiguration; evaluation excluded and reported as ``eval_s``).
+
+.. warning::
+   Loading a policy file from an untrusted source can execute arbitrary code:
+   stable-baselines3 policy files (``ppo``, ``a2c``, ``dqn``) contain pickles. Only
+   rank 0 opens the file with SB3; the layout check before it reads the JSON member only.
+   Only load policy files you created or trust.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from commgym.agents.base import Agent, _LayoutEnv, check_compatible, read_policy_json
+from commgym.collectives import CommConfig, GradientSynchronizer
+from commgym.collectives.stats import StepStats
+from commgym.env.spaces import (
+    ActionMenu,
+    ObservationBuilder,
+    aggregate_measurements,
+    combine_eval,
+)
+
+__all__ = ["EXCHANGED_FIELDS", "CommScheduler", "DecisionRecord", "resolve_policy"]
+
+#: Per-rank scalars exchanged at every decision (one float64 each; ``None`` as NaN).
+#: The keys are those of the env worker's ``step`` reply that
+#: :func:`~commgym.env.spaces.aggregate_measurements` reads.
+EXCHANGED_FIELDS: tuple[str, ...] = (
+    "train_time_s",
+    "step_time_s",
+    "steps",
+    "compute_s",
+    "comm_wait_s",
+    "compress_s",
+    "comm_s",
+    "bytes_per_step",
+    "bytes_total",
+    "train_loss",
+    "eval_loss",
+    "eval_acc",
+    "eval_n",
+    "eval_s",
+    "grad_norm",
+    "compression_error",
+    "nonfinite",
+    "samples",
+)
+_INT_FIELDS = frozenset({"steps", "eval_n", "samples"})
+
+
+def resolve_policy(
+    policy: Agent | str | os.PathLike[str], menu: ActionMenu, *, seed: int | None = None
+) -> Agent:
+    """Turn a policy argument into an :class:`Agent` that acts on ``menu``.
+
+    .. warning:: a stable-baselines3 policy file is a pickle: loading one from an
+       untrusted source can execute arbitrary code.
+
+    Args:
+        policy: an agent; a path to a policy zip written by ``Agent.save`` (``commgym
+            train`` writes ``policy.zip``); or an agent name of ``AGENTS`` such as
+            ``"static:ddp-default"``, ``"static:int8/4MB/H1"`` or ``"bandit"`` (an
+            untrained agent: tuners then answer their default).
+        menu: the action menu the scheduler decodes actions with.
+        seed: seed of an agent built by name.
+
+    Returns:
+        The agent, checked against ``menu`` and the current observation layout.
+
+    Raises:
+        ValueError: the policy was saved for a different action menu or observation
+            layout (the message lists every difference), or an unknown agent name.
+        FileNotFoundError: a path ending in ``.zip`` that does not exist.
+        TypeError: ``policy`` is of another type.
+    """
+    from commgym.agents.registry import load_agent, make_agent
+
+    env = _LayoutEnv(menu)
+    if isinstance(policy, Agent):
+        check_compatible(policy.layout, env)
+        return policy
+    if not isinstance(policy, str | os.PathLike):
+        raise TypeError(
+            f"policy must be an Agent, a policy file path or an agent name, got {policy!r}"
+        )
+    path = Path(policy)
+    if path.exists() or path.suffix == ".zip" or isinstance(policy, os.PathLike):
+        meta = read_policy_json(path)  # JSON member only: nothing is unpickled yet
+        try:
+            check_compatible(meta.get("layout", {}), env)
+        except ValueError as err:
+            raise ValueError(f"policy file {path} cannot steer this job: {err}") from None
+        return load_agent(path)
+    return make_agent(str(policy), env, seed=seed)
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One decision of a :class:`CommScheduler` (identical on every rank except timings).
+
+    Attributes:
+        decision: 1-based decision count.
+        optimizer_step: optimizer steps taken when the decision was made.
+        previous_config: configuration of the window that was just measured.
+        config: configuration applied for the next window (``str(CommConfig)``).
+        action: its menu indices ``(compression, bucket, period)``.
+        changed: whether the configuration changed.
+        observation: the observation the policy saw (float32 values as a tuple).
+        measured: aggregated measurements (see ``aggregate_measurements``).
+        train_time_s: training time so far (the env's definition), seconds.
+        elapsed_frac: ``train_time_s / time_budget_s`` clipped to 1 (0 without a budget).
+        policy_s: rank 0's ``predict`` time, seconds.
+        decision_s: this rank's decision overhead, seconds (evaluation excluded).
+        eval_s: this rank's ``eval_fn`` time, seconds.
+        diverged: a non-finite gradient, training or held-out loss was seen.
+    """
+
+    decision: int
+    optimizer_step: int
+    previous_config: str
+    config: str
+    action: tuple[int, int, int]
+    changed: bool
+    observation: tuple[float, ...]
+    measured: dict[str, Any] = field(repr=False)
+    train_time_s: float
+    elapsed_frac: float
+    policy_s: float
+    decision_s: float
+    eval_s: float
+    diverged: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (JSON-friendly except possible NaN in ``measured``)."""
+        return asdict(self)
+
+
+class CommScheduler:
+    """Lets a commgym policy choose compression, bucket size and period during training.
+
+    Wraps ``model`` with a :class:`~commgym.collectives.GradientSynchronizer` (do not
+    also wrap it in DDP) and drives the optimizer. Call on every rank, in this order::
+
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        stats = sched.step(loss)   # -> StepStats of this rank
+
+    and :meth:`close` once at the end (a collective: averages local-SGD replicas so every
+    rank ends with the same parameters). See the module docstring for what a decision
+    does and how ``eval_fn`` / ``time_budget_s`` enter the observation.
+
+    Construction is a collective: parameters and buffers are broadcast from rank 0 (as
+    ``DistributedDataParallel`` does) and the policy is loaded on rank 0 only; a policy
+    that cannot be used raises the same ``ValueError`` on every rank.
+
+    Args:
+        model: the replicated module (same architecture on every rank).
+        optimizer: its optimizer; :meth:`step` calls ``optimizer.step()``.
+        policy: an agent, a policy zip path or an agent name (see :func:`resolve_policy`).
+            Only rank 0 uses it; other ranks may pass the same value (nothing is loaded
+            there).
+        decision_every: optimizer steps per decision (the env's ``steps_per_decision``
+            the policy was trained with), >= 1.
+        menu: the action menu (default: the env's default menu); must equal the policy's.
+        initial_config: configuration before the first decision (must be on the menu;
+            default: the menu's DDP default, as each env episode starts).
+        eval_fn: ``() -> float`` held-out loss in nats, called on every rank at every
+            decision boundary (and once at construction); None: use the training loss.
+        time_budget_s: training-time budget that ``elapsed_frac`` is measured against
+            (the env's ``time_budget_s``); None sets ``elapsed_frac`` to 0 with a warning.
+        run: optional ``RunLogger`` (``commgym.experiments.tracking``); rank 0 logs the
+            parameters, per-decision metrics (with ``step=decision``) including the
+            chosen menu indices, and ``replay_decisions.json`` at :meth:`close`.
+        callback: ``callback(record: DecisionRecord)`` after every decision, every rank.
+        group: process group (default: the world).
+        seed: seed of the synchronizer's cross-rank randomness and of a named agent.
+        deterministic: passed to ``policy.predict``.
+
+    Raises:
+        RuntimeError: ``torch.distributed`` is not initialised.
+        ValueError: invalid ``decision_every`` / ``time_budget_s`` / ``initial_config``,
+            or a policy saved for another action menu or observation layout.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        policy: Agent | str | os.PathLike[str],
+        *,
+        decision_every: int = 10,
+        menu: ActionMenu | dict[str, Any] | None = None,
+        initial_config: CommConfig | None = None,
+        eval_fn: Callable[[], float] | None = None,
+        time_budget_s: float | None = None,
+        run: Any = None,
+        callback: Callable[[DecisionRecord], None] | None = None,
+        group: dist.ProcessGroup | None = None,
+        seed: int = 0,
+        deterministic: bool = True,
+    ) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "CommScheduler needs an initialised process group: call "
+                "torch.distributed.init_process_group(...) first (e.g. under torchrun)"
+            )
+        if (
+            isinstance(decision_every, bool)
+            or not isinstance(decision_every, int)
+            or (decision_every < 1)
+        ):
+            raise ValueError(f"decision_every must be an integer >= 1, got {decision_every!r}")
+        if time_budget_s is not None and not (
+            isinstance(time_budget_s, int | float)
+            and math.isfinite(time_budget_s)
+            and time_budget_s > 0
+        ):
+            raise ValueError(f"time_budget_s must be a finite number > 0, got {time_budget_s!r}")
+        self.model = model
+        self.optimizer = optimizer
+        self.decision_every = decision_every
+        self.menu = ActionMenu.from_any(menu)
+        self.eval_fn = eval_fn
+        self.time_budget_s = None if time_budget_s is None else float(time_budget_s)
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self._src = 0 if group is None else dist.get_global_rank(group, 0)
+        self.run = run if self.rank == 0 else None
+        self.callback = callback
+        self.deterministic = deterministic
+        params = list(model.parameters())
+        if not params:
+            raise ValueError("model has no parameters")
+        nccl = dist.get_backend(group) == "nccl"
+        self._device = params[0].device if nccl else torch.device("cpu")
+        if initial_config is None:
+            self._action = self.menu.default_action()
+        else:
+            self._action = self.menu.encode(initial_config)  # ValueError if off the menu
+        if time_budget_s is None and self.rank == 0:
+            warnings.warn(
+                "CommScheduler without time_budget_s: the observation's elapsed_frac stays 0 "
+                "(a policy trained with a budget may act differently)",
+                stacklevel=2,
+            )
+
+        self.policy: Agent | None = None
+        self._policy_name = str(policy) if not isinstance(policy, Agent) else repr(policy)
+        err = ""
+        if self.rank == 0:
+            try:
+                self.policy = resolve_policy(policy, self.menu, seed=seed)
+            except (ValueError, TypeError, FileNotFoundError) as exc:
+                err = f"{type(exc).__name__}: {exc}"
+        box = [err]
+        dist.broadcast_object_list(box, src=self._src, group=group, device=self._device)
+        if box[0]:
+            raise ValueError(f"CommScheduler cannot use policy {self._policy_name!r}: {box[0]}")
+
+        with torch.no_grad():  # identical replicas, as DDP's constructor guarantees
+            for t in [*params, *model.buffers()]:
+                dist.broadcast(t.data, src=self._src, group=group)
+        self.sync = GradientSynchronizer(
+            model, self.menu.decode(self._action), group, seed=seed, error_every=0
+        )
+        num_params = sum(p.numel() for p in params)
+        self.builder = ObservationBuilder(self.menu, self.world_size, num_params)
+        self.records: list[DecisionRecord] = []
+        self.optimizer_steps = 0
+        self._train_time_s = 0.0
+        self._state: Any = None
+        self._episode_start = True
+        self._pending_s = 0.0  # reconfigure time counted in the next window (env's rule)
+        self._reset_window()
+        self._t_mark: float | None = None
+        self._hook = model.register_forward_pre_hook(self._on_forward)
+        self._closed = False
+
+        eval_loss = math.nan
+        if eval_fn is not None:
+            loss, _, _ = self._evaluate()
+            per_rank = self._exchange({"eval_loss": loss, "eval_acc": math.nan, "eval_n": 1})
+            eval_loss = combine_eval(per_rank)[0]
+        self._t_mark = None  # eval_fn's forward is not the first iteration
+        self.initial_eval_loss = eval_loss
+        self.observation = self.builder.reset(eval_loss, self._action)
+        if self.run is not None:
+            self.run.log_params(
+                {
+                    "replay.policy": self._policy_name,
+                    "replay.decision_every": decision_every,
+                    "replay.time_budget_s": time_budget_s,
+                    "replay.world_size": self.world_size,
+                    "replay.num_params": num_params,
+                    "replay.initial_config": str(self.config),
+                    "replay.eval_fn": eval_fn is not None,
+                    "replay.action_menu": self.menu.to_dict(),
+                }
+            )
+
+    # -- public --------------------------------------------------------------------------
+    @property
+    def config(self) -> CommConfig:
+        """The configuration in force."""
+        return self.sync.config
+
+    @property
+    def train_time_s(self) -> float:
+        """Training time so far (the env's definition; see the module docstring)."""
+        return self._train_time_s
+
+    def step(self, loss: torch.Tensor | float | None = None) -> StepStats:
+        """Synchronise gradients, step the optimizer, count the step, decide when due.
+
+        Call after ``loss.backward()`` on every rank. Does, in order:
+        ``synchronize()``, ``optimizer.step()``, ``after_optimizer_step()`` (local-SGD
+        averaging every ``sync_period``) and, every ``decision_every`` calls, a decision
+        (collectives on every rank; see the class docstring).
+
+        Args:
+            loss: this step's training loss (a tensor is detached, never synchronised
+                here); used for the ``train_loss`` field, and for ``eval_loss`` without
+                ``eval_fn``. None: the field is NaN, shown as 0.
+
+        Returns:
+            This rank's :class:`StepStats` of the step.
+
+        Raises:
+            RuntimeError: after :meth:`close`, or a policy answered an off-menu action.
+        """
+        if self._closed:
+            raise RuntimeError("CommScheduler.step() after close()")
+        sync = self.sync
+        if len(self._walls) == self.decision_every - 1:
+            sync.request_error_measurement()  # compression error of the window's last step
+        st = sync.synchronize()
+        self.optimizer.step()
+        avg = sync.after_optimizer_step()
+        now = time.perf_counter()
+        start = self._t_mark if self._t_mark is not None else now - st.step_time_s
+        self._walls.append(now - start - float(getattr(st, "instrumentation_s", 0.0)))
+        self._t_mark = now
+        if loss is not None:
+            self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+        self._stats.append(st)
+        self._avg_bytes += avg.bytes_sent
+        self.optimizer_steps += 1
+        if len(self._walls) >= self.decision_every:
+            self._decide()
+            self._t_mark = time.perf_counter()  # the decision is not training time
+        return st
+
+    def summary(self) -> dict[str, Any]:
+        """Decisions, configuration changes and decision timings (plain values)."""
+        pol = [r.policy_s for r in self.records]
+        dec = [r.decision_s for r in self.records]
+        return {
+            "decisions": len(self.records),
+            "optimizer_steps": self.optimizer_steps,
+            "changes": sum(r.changed for r in self.records),
+            "configs": [r.config for r in self.records],
+            "final_config": str(self.config),
+            "train_time_s": self._train_time_s,
+            "policy_ms_median": 1e3 * statistics.median(pol) if pol else None,
+            "policy_ms_max": 1e3 * max(pol) if pol else None,
+            "decision_ms_median": 1e3 * statistics.median(dec) if dec else None,
+        }
+
+    def close(self) -> None:
+        """Average local-SGD replicas (a collective), detach hooks, log the decisions.
+
+        Safe to call twice. Parameters are identical on every rank afterwards.
+        """
+        if self._closed:
+            return
+        self.sync.consensus()
+        self._hook.remove()
+        self.sync.remove_hooks()
+        self._closed = True
+        if self.run is not None:
+            self.run.log_dict(
+                {
+                    "summary": self.summary(),
+                    "decisions": [
+                        {
+                            k: v
+                            for k, v in r.to_dict().items()
+                            if k not in ("measured", "observation")
+                        }
+                        for r in self.records
+                    ],
+                },
+                "replay_decisions.json",
+            )
+
+    # -- internals -----------------------------------------------------------------------
+    def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if self._t_mark is None:  # the first iteration's clock starts at its forward
+            self._t_mark = time.perf_counter()
+
+    def _reset_window(self) -> None:
+        self._walls: list[float] = []
+        self._losses: list[Any] = []
+        self._stats: list[StepStats] = []
+        self._avg_bytes = 0
+
+    def _evaluate(self) -> tuple[float, float, int]:
+        if self.eval_fn is None:
+            return math.nan, math.nan, 0
+        t0 = time.perf_counter()
+        value = float(self.eval_fn())
+        return value, time.perf_counter() - t0, 1
+
+    def _measure(self, consensus_s: float, consensus_comm_s: float, avg_bytes: int) -> dict:
+        """This rank's measurements of the window, keyed like the env worker's reply."""
+        stats, walls = self._stats, self._walls
+        steps = len(walls)
+        losses = self._losses
+        if losses:
+            train_loss = float(torch.stack([torch.as_tensor(x).float() for x in losses]).mean())
+        else:
+            train_loss = math.nan
+        if self.eval_fn is not None:
+            eval_loss, eval_s, eval_n = self._evaluate()
+        else:
+            eval_loss, eval_s, eval_n = train_loss, 0.0, 1
+        nonfinite = (
+            any(s.nonfinite for s in stats)
+            or (bool(losses) and not math.isfinite(train_loss))
+            or (self.eval_fn is not None and not math.isfinite(eval_loss))
+        )
+        last = stats[-1] if stats else None
+        total_bytes = sum(s.bytes_sent for s in stats) + avg_bytes
+        return {
+            "train_time_s": sum(walls) + consensus_s + self._pending_s,
+            "step_time_s": statistics.median(walls) if walls else 0.0,
+            "steps": steps,
+            "compute_s": _mean([s.compute_s for s in stats]),
+            "comm_wait_s": _mean([s.comm_wait_s for s in stats]),
+            "compress_s": _mean([s.compress_s for s in stats]),
+            "comm_s": sum(s.comm_wait_s for s in stats) + consensus_comm_s,
+            "bytes_per_step": total_bytes / max(steps, 1),
+            "bytes_total": total_bytes,
+            "train_loss": train_loss,
+            "eval_loss": eval_loss,
+            "eval_acc": math.nan,
+            "eval_n": eval_n,
+            "eval_s": eval_s,
+            "grad_norm": last.grad_norm if last else 0.0,
+            "compression_error": last.compression_error if last else None,
+            "nonfinite": nonfinite,
+            "samples": 0,
+            "bucket_bytes": list(last.bucket_bytes) if last else [],
+        }
+
+    def _exchange(self, local: dict[str, Any]) -> list[dict[str, Any]]:
+        """All-gather this rank's scalars; returns every rank's dict (rank order).
+
+        Fields missing from ``local`` travel as NaN; ``bucket_bytes`` (identical on every
+        rank: same bucket plan) is copied from ``local``.
+        """
+        row = torch.tensor(
+            [_to_float(local.get(k)) for k in EXCHANGED_FIELDS], dtype=torch.float64
+        ).to(self._device)
+        rows = [torch.empty_like(row) for _ in range(self.world_size)]
+        dist.all_gather(rows, row, group=self.group)
+        return [_row_to_dict(r.cpu().tolist(), local) for r in rows]
+
+    def _observe(self, per_rank: list[dict[str, Any]]) -> tuple[dict[str, Any], np.ndarray]:
+        """Aggregate the ranks' measurements and build the observation (env's code)."""
+        m = aggregate_measurements(per_rank)
+        self._train_time_s += m["train_time_s"]
+        elapsed = min(1.0, self._train_time_s / self.time_budget_s) if self.time_budget_s else 0.0
+        m["elapsed_frac"] = elapsed
+        return m, self.builder.build(m, self._action, elapsed)
+
+    def _decide(self) -> None:
+        t0 = time.perf_counter()
+        cons = self.sync.consensus()  # one consensus model per decision, as in the env
+        consensus_s = time.perf_counter() - t0
+        local = self._measure(consensus_s, cons.comm_s, self._avg_bytes + cons.bytes_sent)
+        m, obs = self._observe(self._exchange(local))
+        self.observation = obs
+        prev_action = self._action
+        prev_config = str(self.config)
+        msg = torch.full((4,), -1.0, dtype=torch.float64)
+        if self.rank == 0:
+            assert self.policy is not None
+            p0 = time.perf_counter()
+            action, self._state = self.policy.predict(
+                obs,
+                state=self._state,
+                episode_start=np.array([self._episode_start]),
+                deterministic=self.deterministic,
+            )
+            policy_s = time.perf_counter() - p0
+            a = np.asarray(action, dtype=np.int64).reshape(-1)
+            if a.shape == (3,) and (a >= 0).all() and (a < self.menu.nvec).all():
+                msg[:3] = torch.from_numpy(a.astype(np.float64))
+            msg[3] = policy_s
+        self._episode_start = False
+        msg = msg.to(self._device)
+        dist.broadcast(msg, src=self._src, group=self.group)
+        vals = msg.cpu().tolist()
+        if vals[0] < 0:
+            raise RuntimeError(
+                f"policy {self._policy_name!r} answered an action outside the menu "
+                f"(valid index ranges {self.menu.nvec.tolist()})"
+            )
+        action = np.array([int(v) for v in vals[:3]], dtype=np.int64)
+        config = self.menu.decode(action)
+        r0 = time.perf_counter()
+        self.sync.reconfigure(config)  # every rank, same step (may average replicas)
+        self._pending_s = time.perf_counter() - r0
+        self._action = action
+        rec = DecisionRecord(
+            decision=len(self.records) + 1,
+            optimizer_step=self.optimizer_steps,
+            previous_config=prev_config,
+            config=str(config),
+            action=(int(action[0]), int(action[1]), int(action[2])),
+            changed=not np.array_equal(action, prev_action),
+            observation=tuple(float(x) for x in obs),
+            measured=m,
+            train_time_s=self._train_time_s,
+            elapsed_frac=float(m["elapsed_frac"]),
+            policy_s=float(vals[3]),
+            decision_s=time.perf_counter() - t0 - float(local["eval_s"]),
+            eval_s=float(local["eval_s"]),
+            diverged=bool(m["nonfinite"]),
+        )
+        self.records.append(rec)
+        self._reset_window()
+        if self.run is not None:
+            self._log(rec)
+        if self.callback is not None:
+            self.callback(rec)
+
+    def _log(self, rec: DecisionRecord) -> None:
+        m = rec.measured
+        values = {
+            "replay/compression_index": rec.action[0],
+            "replay/bucket_mb": self.menu.bucket_mb[rec.action[1]],
+            "replay/sync_period": self.menu.sync_period[rec.action[2]],
+            "replay/menu_index": int(np.ravel_multi_index(rec.action, tuple(self.menu.nvec))),
+            "replay/changed": int(rec.changed),
+            "replay/train_loss": m["train_loss"],
+            "replay/eval_loss": m["eval_loss"],
+            "replay/step_time_s": m["step_time_s"],
+            "replay/bytes_per_step": m["bytes_per_step"],
+            "replay/train_time_s": rec.train_time_s,
+            "replay/elapsed_frac": rec.elapsed_frac,
+            "replay/policy_ms": 1e3 * rec.policy_s,
+            "replay/decision_ms": 1e3 * rec.decision_s,
+        }
+        # non-finite values would tag the run "diverged"; only a real divergence should
+        self.run.log_metrics(
+            {k: v for k, v in values.items() if math.isfinite(float(v)) or rec.diverged},
+            step=rec.decision,
+        )
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _to_float(v: Any) -> float:
+    if v is None:
+        return math.nan
+    return float(v)
+
+
+def _row_to_dict(row: list[float], local: dict[str, Any]) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    for k, v in zip(EXCHANGED_FIELDS, row, strict=True):
+        if k in _INT_FIELDS:
+            d[k] = int(v) if math.isfinite(v) else 0
+        elif k == "nonfinite":
+            d[k] = bool(v) if math.isfinite(v) else False
+        elif k == "compression_error":
+            d[k] = None if math.isnan(v) else v
+        else:
+            d[k] = v
+    d["bucket_bytes"] = list(local.get("bucket_bytes", []))
+    return d

@@ -1,0 +1,138 @@
+"""``commgym replay``: one full training run per agent, the saved policy next to the baselines.
+
+Each agent (the policy, then ``static:ddp-default`` and ``static:fp16-dense`` by default)
+drives ONE long episode of the real environment ``commgym/AllReduce-v0`` with the same
+workload, world size, network and seed, until the held-out loss reaches
+``target_loss``, the training-time budget is spent or ``steps`` iterations have run.
+The table shows time-to-target, bytes per iteration, final loss and accuracy side by side.
+
+Why the environment and not ``torchrun`` of the example script per agent: the env is the
+measured path the policy was trained and evaluated on (same ranks, same network
+emulation, same definitions of training time and time-to-target, the same
+``aggregate_measurements`` + ``ObservationBuilder`` code that
+:class:`~commgym.agents.replay.CommScheduler` uses inside a user's job), the ranks are
+launched once for all agents, and the results come back as ``EpisodeResult`` rows that
+``commgym train`` / ``commgym evaluate`` already print. The example script
+(``experiments/examples/train_with_scheduler.py``) shows the same policy inside a user's
+own loop.
+
+.. warning:: loading an SB3 policy file (a pickle) from an untrusted source can execute
+   arbitrary code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from commgym.experiments.train import EpisodeResult, console, run_episode
+
+__all__ = ["DEFAULT_BASELINES", "replay"]
+
+#: Agents every replay is compared with.
+DEFAULT_BASELINES: tuple[str, ...] = ("static:ddp-default", "static:fp16-dense")
+
+
+class _TimedPolicy:
+    """Forwards ``predict`` and records its wall time (seconds) per call."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.seconds: list[float] = []
+
+    def predict(self, obs: np.ndarray, **kwargs: Any) -> tuple[np.ndarray, Any]:
+        t0 = time.perf_counter()
+        out = self.agent.predict(obs, **kwargs)
+        self.seconds.append(time.perf_counter() - t0)
+        return out
+
+
+def replay(
+    policy: str | Path,
+    *,
+    workload: str = "mlp-digits",
+    world_size: int = 2,
+    network: str | None = None,
+    steps: int | None = None,
+    time_budget_s: float = 30.0,
+    target_loss: float | None = None,
+    steps_per_decision: int = 10,
+    seed: int = 0,
+    baselines: tuple[str, ...] | list[str] = DEFAULT_BASELINES,
+) -> dict[str, EpisodeResult]:
+    """Run the policy and the baselines for one full training run each; print the table.
+
+    Args:
+        policy: policy zip written by ``commgym train`` / ``Agent.save``.
+        workload: workload name (``mlp-digits``, ``cnn-digits``, ``charlm``, ``wide-mlp``).
+        world_size: number of ranks.
+        network: emulated network spec or profile (``"1gbit:1ms"``, ``"ethernet-1g"``);
+            needs root / CAP_NET_ADMIN. None: unshaped loopback.
+        steps: cap on training iterations per run (rounded up to whole decisions).
+        time_budget_s: training-time budget per run, seconds.
+        target_loss: held-out loss that ends a run (time-to-target); None: none.
+        steps_per_decision: iterations per decision (use the policy's training value).
+        seed: episode seed shared by every agent.
+        baselines: agent names compared with the policy.
+
+    Returns:
+        ``EpisodeResult`` by agent label (the policy first).
+
+    Raises:
+        ValueError: the policy was trained for another action menu / observation layout
+            (the message lists the differences), or invalid settings.
+        FileNotFoundError: the policy file does not exist.
+        RuntimeError: ``network`` asked for without namespace/tc privileges.
+    """
+    import commgym.env  # noqa: F401 - registers the env
+    import gymnasium as gym
+    from commgym.agents import load_agent, make_agent
+    from commgym.experiments.config import RunConfig
+    from commgym.experiments.train import _print_table
+
+    env_kw: dict[str, Any] = {
+        "workload": workload,
+        "world_size": world_size,
+        "network": network,
+        "steps_per_decision": steps_per_decision,
+        "time_budget_s": time_budget_s,
+        "target_loss": target_loss,
+        "seed": seed,
+    }
+    if steps is not None:
+        env_kw["max_decisions"] = max(1, math.ceil(steps / steps_per_decision))
+    # validates every name and env field with the messages `commgym train` gives
+    cfg = RunConfig(agent="static", env=env_kw, episodes=1, baselines=list(baselines))
+    env = gym.make("commgym/AllReduce-v0", **env_kw)
+    results: dict[str, EpisodeResult] = {}
+    try:
+        agent = load_agent(policy, env=env.unwrapped)
+        timed = _TimedPolicy(agent)
+        agents: dict[str, Any] = {f"policy ({Path(policy).name})": timed}
+        for name in baselines:
+            agents[name] = make_agent(name, env.unwrapped, seed=seed)
+        for label, a in agents.items():
+            console.print(f"replaying [bold]{label}[/bold] (seed {seed}) ...")
+            results[label] = run_episode(env, a, seed, label, target_loss)
+    finally:
+        env.close()
+    _print_table({k: [v] for k, v in results.items()}, cfg)
+    for label, res in results.items():
+        configs = [r["config"] for r in res.rows]
+        changes = sum(a != b for a, b in itertools.pairwise(configs))
+        console.print(
+            f"{label}: {res.decisions} decisions, {res.train_time_s:.2f} s training, "
+            f"end: {res.reason}, {changes} configuration changes, "
+            f"final config {configs[-1] if configs else '-'}"
+        )
+    if timed.seconds:
+        console.print(
+            f"policy decision time (predict): median {1e3 * statistics.median(timed.seconds):.3f}"
+            f" ms, max {1e3 * max(timed.seconds):.3f} ms over {len(timed.seconds)} decisions"
+        )
+    return results

@@ -1,0 +1,192 @@
+"""CommScheduler: policy replay inside a user's torchrun job.
+
+Covers observation parity with the env (same per-rank dicts through both code paths),
+refusal of a policy saved for another action menu, and the example script under torchrun
+(configuration follows the policy, identical parameters at the end, decision time).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from commgym.agents import PPOAgent, StaticAgent
+from commgym.agents.base import _LayoutEnv
+from commgym.agents.replay import EXCHANGED_FIELDS, CommScheduler, resolve_policy
+from commgym.env.allreduce_env import AllReduceEnv
+from commgym.env.spaces import ActionMenu, ObservationBuilder
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "experiments" / "examples" / "train_with_scheduler.py"
+OTHER_MENU = ActionMenu(compression=("none", "fp16"), bucket_mb=(25.0,), sync_period=(1, 2))
+
+
+def save_static(path: Path, preset: str, menu: ActionMenu | None = None) -> Path:
+    return StaticAgent(_LayoutEnv(menu or ActionMenu()), preset=preset).save(path)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _rank_dict(rank: int, decision: int) -> dict:
+    """A worker-style per-rank reply with rank- and decision-dependent values."""
+    r, d = rank + 1, decision + 1
+    return {
+        "train_time_s": 0.05 * r * d,
+        "step_time_s": 0.004 + 0.001 * r,
+        "steps": 5,
+        "compute_s": 0.002 * r,
+        "comm_wait_s": 0.0007 * r + 0.0001 * d,
+        "compress_s": 0.0003 * r,
+        "comm_s": 0.004 * r,
+        "bytes_per_step": 104488.0 / d,
+        "bytes_total": 5 * 104488.0 / d,
+        "train_loss": 2.0 / d + 0.01 * r,
+        "eval_loss": 2.1 / d + 0.02 * r,
+        "eval_acc": 0.0,
+        "eval_n": 1,
+        "eval_s": 0.001,
+        "grad_norm": 1.5 / d,
+        "compression_error": None if d == 1 else 0.25,
+        "nonfinite": False,
+        "samples": 0,
+        "bucket_bytes": [104488],
+    }
+
+
+# -- observation parity ---------------------------------------------------------------
+def rank_parity(rank, world):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = CommScheduler(
+        model,
+        opt,
+        "static:ddp-default",
+        decision_every=5,
+        eval_fn=lambda: 2.3,
+        time_budget_s=1.0,
+    )
+    env_builder = ObservationBuilder(sched.menu, world, sum(p.numel() for p in model.parameters()))
+    env_obs = [env_builder.reset(2.3, sched.menu.default_action())]
+    sched_obs = [sched.observation]
+    env_train = 0.0
+    for d in range(3):
+        replies = [_rank_dict(r, d) for r in range(world)]
+        # the env path: AllReduceEnv._aggregate + ObservationBuilder.build
+        m = AllReduceEnv._aggregate(replies)
+        env_train += m["train_time_s"]
+        env_obs.append(env_builder.build(m, sched._action, min(1.0, env_train / 1.0)))
+        # the scheduler path: real all-gather of this rank's dict, then its _observe
+        per_rank = sched._exchange(replies[rank])
+        _, obs = sched._observe(per_rank)
+        sched_obs.append(obs)
+    sched.close()
+    return [o.tolist() for o in env_obs], [o.tolist() for o in sched_obs]
+
+
+def test_observation_parity_with_env(dist2):
+    for env_obs, sched_obs in dist2.run(rank_parity):
+        assert np.array_equal(np.array(env_obs, np.float32), np.array(sched_obs, np.float32))
+        # the prev-dependent fields were exercised (loss_change, grad-norm change, error)
+        assert env_obs[2][7] != 0.0 and env_obs[2][9] != 0.0 and env_obs[2][10] == 0.25
+
+
+def test_exchanged_fields_cover_aggregation():
+    # every key aggregate_measurements reads travels in the all-gather (bucket_bytes is local)
+    needed = set(_rank_dict(0, 0)) - {"bucket_bytes"}
+    assert needed == set(EXCHANGED_FIELDS)
+
+
+# -- compatibility -------------------------------------------------------------------------
+def test_policy_for_other_menu_is_refused(tmp_path):
+    path = save_static(tmp_path / "other.zip", "fp16-dense", OTHER_MENU)
+    with pytest.raises(ValueError, match="action menu 'compression'") as err:
+        resolve_policy(path, ActionMenu())
+    msg = str(err.value)
+    assert "['none', 'fp16']" in msg and "bucket_mb" in msg and "sync_period" in msg
+    assert str(resolve_policy(path, OTHER_MENU).config) == "fp16/25MB/H1"
+
+
+def rank_refused(rank, world, path):
+    model = _model()
+    try:
+        CommScheduler(model, torch.optim.SGD(model.parameters(), lr=0.1), path)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def test_scheduler_refuses_on_every_rank(dist2, tmp_path):
+    path = str(save_static(tmp_path / "other.zip", "fp16-dense", OTHER_MENU))
+    for msg in dist2.run(rank_refused, path):
+        assert msg is not None and "action menu 'compression'" in msg, msg
+
+
+def test_unknown_agent_name_is_refused():
+    with pytest.raises(ValueError, match="unknown agent"):
+        resolve_policy("not-an-agent", ActionMenu())
+
+
+# -- the example script under torchrun -----------------------------------------------------
+def _torchrun(policy: Path, out: Path, steps: int = 40) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(EXAMPLE),
+        "--policy",
+        str(policy),
+        "--steps",
+        str(steps),
+        "--decision-every",
+        "10",
+        "--json",
+        str(out),
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, env=env, cwd=out.parent, check=False
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_example_follows_policy_and_ranks_agree(tmp_path):
+    policy = save_static(tmp_path / "int8.zip", "int8/4MB/H2")
+    out = tmp_path / "result.json"
+    proc = _torchrun(policy, out)
+    res = json.loads(out.read_text())
+    assert res["world_size"] == 2 and res["initial_config"] == "none/25MB/H1"
+    decisions = res["decisions"]
+    assert len(decisions) == 4
+    assert decisions[0]["changed"] and decisions[0]["config"] == "int8/4MB/H2"
+    assert all(d["config"] == "int8/4MB/H2" and not d["changed"] for d in decisions[1:])
+    assert res["params_identical"] is True
+    assert math.isfinite(res["final_loss"]) and res["final_accuracy"] > 0.2
+    assert "none/25MB/H1 -> int8/4MB/H2  (changed)" in proc.stdout
+    assert "parameters identical across 2 ranks: True" in proc.stdout
+
+
+def test_example_with_saved_ppo_policy_decides_fast(tmp_path):
+    policy = PPOAgent(_LayoutEnv(ActionMenu()), seed=0).save(tmp_path / "ppo.zip")
+    out = tmp_path / "result.json"
+    _torchrun(policy, out, steps=60)
+    res = json.loads(out.read_text())
+    assert res["params_identical"] is True
+    assert len(res["decisions"]) == 6
+    # target <= 1 ms per decision for an MLP policy; generous bound for loaded CI machines
+    assert res["summary"]["policy_ms_median"] < 5.0, res["summary"]
+    print(f"PPO policy decision time: median {res['summary']['policy_ms_median']:.3f} ms")
