@@ -70,9 +70,19 @@ class RunConfig:
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ValueError(f"unknown agent {name!r}; known: {sorted(AGENTS)}.{hint}")
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values (for YAML and MLflow params)."""
-        return asdict(self)
+    def to_dict(self, *, resolved: bool = True) -> dict[str, Any]:
+        """Plain values (for YAML and MLflow params).
+
+        Args:
+            resolved: expand ``env`` to every ``EnvConfig`` field (defaults included), so
+                the record says exactly what ran (backend, network, menu, ...).
+        """
+        d = asdict(self)
+        if resolved:
+            from commgym.env import EnvConfig
+
+            d["env"] = EnvConfig(**self.env).to_dict()
+        return d
 
 
 def _check_keys(data: dict[str, Any], valid: list[str], where: str) -> None:

@@ -1,0 +1,61 @@
+"""`commgym replay`: the saved policy and both static baselines, one real run each."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from commgym.agents import StaticAgent
+from commgym.agents.base import _LayoutEnv
+from commgym.env.spaces import ActionMenu
+
+
+def _cli(args, cwd, timeout_s=180):
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run(
+        [sys.executable, "-m", "commgym.experiments.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def test_replay_prints_policy_and_baselines(tmp_path):
+    policy = StaticAgent(_LayoutEnv(ActionMenu()), preset="int8/4MB/H1").save(tmp_path / "p.zip")
+    proc = _cli(
+        [
+            "replay",
+            "--policy",
+            str(policy),
+            "--workload",
+            "mlp-digits",
+            "--world-size",
+            "2",
+            "--steps",
+            "6",
+            "--steps-per-decision",
+            "2",
+            "--time-budget-s",
+            "5",
+        ],
+        tmp_path,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
+    for label in ("policy (p.zip)", "static:ddp-default", "static:fp16-dense"):
+        assert label in out, out
+    assert "final config int8/4MB/H1" in out and "final config fp16/25MB/H1" in out
+    assert "time to target" in out and "policy decision time" in out
+
+
+def test_replay_refuses_policy_for_other_menu(tmp_path):
+    menu = ActionMenu(compression=("none", "fp16"))
+    policy = StaticAgent(_LayoutEnv(menu), preset="fp16-dense").save(tmp_path / "p.zip")
+    proc = _cli(["replay", "--policy", str(policy), "--steps", "2"], tmp_path)
+    assert proc.returncode == 2
+    assert "action menu 'compression'" in proc.stderr
