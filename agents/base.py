@@ -33,8 +33,9 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
-from commgym.env.spaces import OBSERVATION_FIELDS, ActionMenu, ObservationBuilder
 from gymnasium import spaces
+
+from commgym.env.spaces import OBSERVATION_FIELDS, ActionMenu, ObservationBuilder
 
 __all__ = [
     "ENV_ID",

@@ -7,6 +7,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
 from commgym.agents.base import StepAgent
 from commgym.collectives import CommConfig
 from commgym.env.spaces import OBSERVATION_FIELDS

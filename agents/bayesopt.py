@@ -8,6 +8,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
 from commgym.agents.base import StepAgent
 
 __all__ = ["BayesOptAgent", "expected_improvement"]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+
 from commgym.agents.bandit import SlidingWindowUCBAgent
 from commgym.agents.base import Agent, read_policy_json
 from commgym.agents.baselines import (

@@ -74,6 +74,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
 from commgym.agents.base import Agent, _LayoutEnv, check_compatible, read_policy_json
 from commgym.collectives import CommConfig, GradientSynchronizer
 from commgym.collectives.stats import StepStats

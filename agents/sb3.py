@@ -21,6 +21,10 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
+from stable_baselines3 import A2C, DQN, PPO
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
+
 from commgym.agents.base import (
     POLICY_JSON,
     Agent,
@@ -30,9 +34,6 @@ from commgym.agents.base import (
     read_policy_json,
 )
 from commgym.env import FlattenAction
-from stable_baselines3 import A2C, DQN, PPO
-from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.callbacks import BaseCallback
 
 __all__ = ["A2CAgent", "DQNAgent", "PPOAgent", "SB3Agent"]
 

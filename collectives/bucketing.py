@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+
 from commgym.collectives.compressors import BucketLayout
 
 __all__ = ["DEFAULT_FIRST_BUCKET_BYTES", "BucketPlan"]

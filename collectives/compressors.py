@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+
 from commgym.collectives import kernels
 from commgym.collectives.spec import COMPRESSORS, CompressionSpec, register_compressor
 

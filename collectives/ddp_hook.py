@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from commgym.collectives.compressors import BucketLayout, Compressor, make_compressor
 from commgym.collectives.residual import ResidualMemory
 from commgym.collectives.spec import CompressionSpec

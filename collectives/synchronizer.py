@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from commgym.collectives.averaging import PeriodicAverager
 from commgym.collectives.bucketing import BucketPlan
 from commgym.collectives.compressors import Compressor, make_compressor

@@ -12,6 +12,7 @@ This package never imports stable-baselines3 or MLflow.
 """
 
 import gymnasium
+
 from commgym.env.allreduce_env import AllReduceEnv, EnvConfig, FlattenAction
 from commgym.env.cluster import Cluster
 from commgym.env.spaces import (

@@ -10,6 +10,8 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import spaces
+
 from commgym.collectives.errors import CommgymError
 from commgym.env.cluster import Cluster
 from commgym.env.spaces import (
@@ -20,7 +22,6 @@ from commgym.env.spaces import (
     aggregate_measurements,
 )
 from commgym.env.spaces import combine_eval as _combine_eval
-from gymnasium import spaces
 
 __all__ = ["RESET_TIMEOUT_S", "AllReduceEnv", "EnvConfig", "FlattenAction"]
 

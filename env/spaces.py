@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from commgym.collectives import CommConfig, CompressionSpec
 from gymnasium import spaces
+
+from commgym.collectives import CommConfig, CompressionSpec
 
 __all__ = [
     "OBSERVATION_FIELDS",

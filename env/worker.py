@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from commgym.collectives import CommConfig, GradientSynchronizer
 
 __all__ = ["RankRunner", "main"]

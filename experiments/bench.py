@@ -26,9 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from commgym.collectives import CompressionSpec, WorkerFailed
 from rich.console import Console
 from rich.table import Table
+
+from commgym.collectives import CompressionSpec, WorkerFailed
 
 __all__ = ["TARGET_RATIO", "GOAL_RATIO", "run_sync_benchmark", "summarize", "worker_command"]
 

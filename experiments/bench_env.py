@@ -43,9 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from commgym.experiments.bench import write_json
 from rich.console import Console
 from rich.table import Table
+
+from commgym.experiments.bench import write_json
 
 __all__ = [
     "ACTIONS",
@@ -183,6 +184,7 @@ def _local_estimates(
 ) -> dict[str, float]:
     """Time the held-out evaluation and ``steps`` batch fetches in this process."""
     import torch
+
     from commgym.env.worker import EVAL_SAMPLES
     from commgym.env.workloads import get_workload
 
@@ -342,8 +344,9 @@ def run_env_benchmark(
         ValueError: invalid arguments.
         commgym.collectives.WorkerFailed: the ranks failed during the benchmark.
     """
-    import commgym.env  # noqa: F401 - registers commgym/AllReduce-v0
     import gymnasium
+
+    import commgym.env  # noqa: F401 - registers commgym/AllReduce-v0
     from commgym.collectives import WorkerFailed
 
     if actions not in ACTIONS:

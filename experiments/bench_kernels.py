@@ -28,10 +28,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from commgym.collectives import kernels
-from commgym.collectives.kernels import reference
 from rich.console import Console
 from rich.table import Table
+
+from commgym.collectives import kernels
+from commgym.collectives.kernels import reference
 
 __all__ = [
     "COPY_RATIO_TARGET",

@@ -31,9 +31,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import typer
-from commgym.collectives import CommConfig, CompressionSpec, GradientSynchronizer
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
+
+from commgym.collectives import CommConfig, CompressionSpec, GradientSynchronizer
 
 __all__ = ["MODELS", "build_model", "digits_batches", "main", "measure"]
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from commgym.experiments.train import EpisodeResult, console, run_episode
 
 __all__ = ["DEFAULT_BASELINES", "replay"]
@@ -89,8 +90,9 @@ def replay(
         FileNotFoundError: the policy file does not exist.
         RuntimeError: ``network`` asked for without namespace/tc privileges.
     """
-    import commgym.env  # noqa: F401 - registers the env
     import gymnasium as gym
+
+    import commgym.env  # noqa: F401 - registers the env
     from commgym.agents import load_agent, make_agent
     from commgym.experiments.config import RunConfig
     from commgym.experiments.train import _print_table

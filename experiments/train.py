@@ -18,9 +18,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import yaml
-from commgym.experiments.config import RunConfig
 from rich.console import Console
 from rich.table import Table
+
+from commgym.experiments.config import RunConfig
 
 __all__ = ["EpisodeResult", "evaluate", "run_episode", "train"]
 

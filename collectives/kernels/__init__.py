@@ -13,6 +13,7 @@ import functools
 from types import ModuleType
 
 import torch
+
 from commgym.collectives.kernels import reference
 from commgym.collectives.kernels.reference import (
     CHUNK_SIZE,

@@ -6,9 +6,10 @@ import math
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import spaces
+
 from commgym.env import ActionMenu
 from commgym.env.spaces import ObservationBuilder
-from gymnasium import spaces
 
 BEST = (2, 1, 2)
 

@@ -9,6 +9,7 @@ import zipfile
 import gymnasium as gym
 import numpy as np
 import pytest
+
 from commgym.agents import (
     AGENTS,
     AccordionAgent,
@@ -28,7 +29,6 @@ from commgym.agents.base import POLICY_JSON
 from commgym.agents.bayesopt import expected_improvement
 from commgym.env import OBSERVATION_FIELDS, FlattenAction
 from commgym.env.spaces import ObservationBuilder
-
 from tests.agents.synthetic import TableEnv
 
 FIELD = {f.name: i for i, f in enumerate(OBSERVATION_FIELDS)}

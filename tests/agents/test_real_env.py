@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import commgym.env  # noqa: F401 - registers the env
 import gymnasium as gym
 import numpy as np
+
+import commgym.env  # noqa: F401 - registers the env
 from commgym.agents import load_agent, make_agent
 
 

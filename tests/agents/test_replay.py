@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from commgym.agents import PPOAgent, StaticAgent
 from commgym.agents.base import _LayoutEnv
 from commgym.agents.replay import EXCHANGED_FIELDS, CommScheduler, resolve_policy

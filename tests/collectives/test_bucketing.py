@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from commgym.collectives import BucketPlan
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from commgym.collectives import BucketPlan
 
 
 def _params(*shapes, dtype=torch.float32):

@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+
 from commgym.collectives import BucketLayout, make_compressor
 from commgym.collectives.kernels import reference as R
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from commgym.collectives import CommConfig, GradientSynchronizer, ddp_comm_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from commgym.collectives import CommConfig, GradientSynchronizer, ddp_comm_hook
 from tests.collectives.test_synchronizer import ALL_SPECS, _batch, mlp
 
 

@@ -30,10 +30,12 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from commgym.collectives.kernels import reference as R
 
 try:
     import triton
+
     from commgym.collectives.kernels import triton_kernels as T
 
     _SKIP_REASON = ""

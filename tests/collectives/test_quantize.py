@@ -14,10 +14,11 @@ import math
 
 import pytest
 import torch
-from commgym.collectives import BucketLayout, make_compressor
-from commgym.collectives.kernels import reference as R
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+
+from commgym.collectives import BucketLayout, make_compressor
+from commgym.collectives.kernels import reference as R
 
 BITS = [8, 4, 2]
 CHUNK = R.CHUNK_SIZE

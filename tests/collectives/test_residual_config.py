@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from commgym.collectives import CommConfig, CompressionSpec, ResidualMemory
 
 # =========================================================================== ResidualMemory

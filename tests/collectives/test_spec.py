@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from commgym.collectives import COMPRESSORS, VALID_SPEC_FORMS, CompressionSpec
 
 # (spec string, method, param) for every valid form, incl. case, blanks and percent.

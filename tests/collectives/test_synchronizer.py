@@ -14,11 +14,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
 from commgym.collectives import CommConfig, GradientSynchronizer, make_compressor
 from commgym.collectives.compressors import BucketLayout
 from commgym.collectives.kernels import reference as ref
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 ALL_SPECS = [
     "none",

@@ -8,11 +8,12 @@ import signal
 import threading
 import time
 
-import commgym.env  # noqa: F401 - registers the env
 import gymnasium as gym
 import numpy as np
 import psutil
 import pytest
+
+import commgym.env  # noqa: F401 - registers the env
 from commgym.env import ActionMenu, AllReduceEnv, EnvConfig, FlattenAction
 
 SMALL = {"workload": "mlp-digits", "world_size": 2, "steps_per_decision": 3, "time_budget_s": 60.0}

@@ -6,6 +6,7 @@ import subprocess
 
 import numpy as np
 import pytest
+
 from commgym.env import AllReduceEnv
 from commgym.env.cluster import Cluster
 from commgym.env.netem import EmulatedNetwork, netem_available

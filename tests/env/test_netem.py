@@ -20,6 +20,7 @@ import threading
 import time
 
 import pytest
+
 from commgym.env import netem
 from commgym.env.netem import (
     PROFILES,

@@ -7,6 +7,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
 from commgym.env import workloads as wl
 from commgym.env.workloads import (
     WORKLOADS,
@@ -15,8 +18,6 @@ from commgym.env.workloads import (
     get_workload,
     register_workload,
 )
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 SMALL = ["mlp-digits", "cnn-digits", "charlm"]
 # Documented parameter ranges (inclusive).

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+
 from commgym.collectives import WorkerFailed
 from commgym.experiments.bench import run_sync_benchmark
 

@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from rich.console import Console
+
 from commgym.env.spaces import ActionMenu
 from commgym.experiments.bench_env import (
     WARMUP_DECISIONS,
@@ -14,7 +16,6 @@ from commgym.experiments.bench_env import (
     run_env_benchmark,
     summarize,
 )
-from rich.console import Console
 
 _TOP_KEYS = {
     "measured_decisions",

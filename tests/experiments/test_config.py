@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+
 from commgym.experiments.config import CONFIG_DIR, RunConfig, load_run_config
 
 

@@ -6,8 +6,9 @@ import math
 
 import numpy as np
 import pytest
-from commgym.experiments.plots import action_timeline_plot, comparison_plot, mean_ci
 from matplotlib import image as mpimg
+
+from commgym.experiments.plots import action_timeline_plot, comparison_plot, mean_ci
 
 nan = float("nan")
 

@@ -14,6 +14,9 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium import spaces
+from mlflow import MlflowClient
+
 from commgym.experiments.tracking import (
     RunLogger,
     Tracker,
@@ -22,8 +25,6 @@ from commgym.experiments.tracking import (
     reproducibility_params,
     ui_command,
 )
-from gymnasium import spaces
-from mlflow import MlflowClient
 
 
 @pytest.fixture(scope="module")
