@@ -120,7 +120,7 @@ def test_policy_for_other_menu_is_refused(tmp_path):
 def rank_refused(rank, world, path):
     model = _model()
     try:
-        CommScheduler(model, torch.optim.SGD(model.parameters(), lr=0.1), path)
+        CommScheduler(model, torch.optim.SGD(model.parameters(), lr=0.1), path, time_budget_s=1.0)
     except ValueError as err:
         return str(err)
     return None
