@@ -43,3 +43,6 @@ if "commgym/AllReduce-v0" not in gymnasium.registry:
         # identical losses, not identical timings
         nondeterministic=True,
     )
+if "commgym/Surrogate-v0" not in gymnasium.registry:
+    # learned model of AllReduce-v0 (same spaces and rewards), see commgym.env.surrogate
+    gymnasium.register(id="commgym/Surrogate-v0", entry_point="commgym.env.surrogate:SurrogateEnv")

@@ -12,6 +12,7 @@ Commands (dicts with ``"cmd"``), each answered by exactly one reply dict:
 ``step``   apply ``config`` (a ``CommConfig`` dict) and run ``steps`` real training
            iterations; reply with the measured statistics (see :class:`RankRunner.step`).
 ``allreduce_bench``  time plain fp32 all-reduces of given sizes (network benchmark).
+``allgather_bench``  time fp32 all-gathers of given total sizes (surrogate prior fit).
 ``close``  reply and exit.
 """
 
@@ -234,6 +235,31 @@ def bench_allreduce(msg: dict[str, Any], device: torch.device) -> dict[str, Any]
     return {"type": "bench", "seconds": out}
 
 
+def bench_allgather(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Time fp32 all-gathers whose *gathered* size is ``msg["sizes_bytes"]``.
+
+    Each rank contributes ``size / world_size`` bytes; median of ``msg["repeats"]`` timed
+    calls, each after a barrier (as :func:`bench_allreduce`).
+    """
+    world = dist.get_world_size()
+    out = {}
+    for size in msg["sizes_bytes"]:
+        part = max(1, int(size) // 4 // world)
+        buf = torch.ones(part, dtype=torch.float32, device=device)
+        outs = [torch.empty_like(buf) for _ in range(world)]
+        dist.all_gather(outs, buf)  # warm-up
+        times = []
+        for _ in range(int(msg.get("repeats", 3))):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_gather(outs, buf)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+        out[str(int(size))] = statistics.median(times)
+    return {"type": "bench", "seconds": out}
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -279,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         "reset": runner.reset,
         "step": runner.step,
         "allreduce_bench": lambda msg: bench_allreduce(msg, device),
+        "allgather_bench": lambda msg: bench_allgather(msg, device),
     }
     try:
         while True:
@@ -303,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
             conn.send(reply)
     finally:
         conn.close()
+    # every rank got "close": meet before tearing gloo down (a rank that destroys the group
+    # while a peer is still in its last reply can abort in gloo's thread teardown)
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

@@ -340,6 +340,7 @@ def main(
             tmp = dest.with_name(f"{dest.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(result))
             tmp.replace(dest)  # atomic: the parent never reads a half-written file
+        dist.barrier()  # all ranks done before the group is torn down
     finally:
         dist.destroy_process_group()
 

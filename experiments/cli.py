@@ -181,23 +181,38 @@ def train_cmd(
         None, "--config", help="YAML scenario file, or a shipped name: 'default', 'smoke'."
     ),
     agent: str | None = typer.Option(
-        None, "--agent", help="Agent name, e.g. ppo, a2c, dqn, bayesopt, bandit."
+        None,
+        "--agent",
+        help="Agent name, e.g. ppo, a2c, dqn, bayesopt, bandit (default scenario: ppo).",
     ),
     workload: str | None = typer.Option(
-        None, "--workload", help="mlp-digits, cnn-digits, charlm, wide-mlp."
+        None,
+        "--workload",
+        help="mlp-digits, cnn-digits, charlm, wide-mlp (default scenario: mlp-digits).",
     ),
-    world_size: int | None = typer.Option(None, "--world-size", min=1, help="Number of ranks."),
-    timesteps: int | None = typer.Option(None, "--timesteps", min=1, help="Training decisions."),
+    world_size: int | None = typer.Option(
+        None, "--world-size", min=1, help="Number of ranks (default scenario: 2)."
+    ),
+    timesteps: int | None = typer.Option(
+        None, "--timesteps", min=1, help="Training decisions (default scenario: 320)."
+    ),
     network: str | None = typer.Option(
-        None, "--network", help="Emulated network spec (not available yet)."
+        None,
+        "--network",
+        help="Emulated network spec or profile, e.g. 100mbit, ethernet-1g (needs root).",
     ),
     seed: int | None = typer.Option(None, "--seed", help="Agent / training seed."),
-    steps_per_decision: int | None = typer.Option(None, "--steps-per-decision", min=1),
+    steps_per_decision: int | None = typer.Option(
+        None,
+        "--steps-per-decision",
+        min=1,
+        help="Training iterations per decision (default scenario: 10).",
+    ),
     time_budget_s: float | None = typer.Option(
-        None, "--time-budget-s", help="Training seconds per episode."
+        None, "--time-budget-s", help="Training seconds per episode (default scenario: 6)."
     ),
     episodes: int | None = typer.Option(
-        None, "--episodes", min=1, help="Evaluation seeds per agent."
+        None, "--episodes", min=1, help="Evaluation seeds per agent (default scenario: 3)."
     ),
     baselines: str | None = typer.Option(
         None, "--baselines", help="Comma-separated agents to compare."
@@ -205,6 +220,12 @@ def train_cmd(
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow tracking URI."),
     output_dir: str | None = typer.Option(
         None, "--output-dir", help="Folder for policy, plots, CSVs."
+    ),
+    env_kind: str | None = typer.Option(
+        None, "--env", help="Learn on 'real' ranks or on the 'surrogate' (evaluation: real)."
+    ),
+    surrogate: str | None = typer.Option(
+        None, "--surrogate", help="Surrogate model file (with --env surrogate)."
     ),
 ) -> None:
     """Train an agent on real all-reduce runs, save the policy, compare it with the baselines."""
@@ -222,6 +243,8 @@ def train_cmd(
                 baselines=baselines,
                 tracking_uri=tracking_uri,
                 output_dir=output_dir,
+                env_kind=env_kind,
+                surrogate=surrogate,
                 env__workload=workload,
                 env__world_size=world_size,
                 env__network=network,
@@ -352,6 +375,94 @@ def replay_cmd(
         )
     except (ValueError, FileNotFoundError, RuntimeError, CommgymError) as err:
         _fail(err)
+
+
+@bench_app.command("collectives")
+def bench_collectives_cmd(
+    world_size: int = typer.Option(2, "--world-size", min=2, help="Number of gloo ranks."),
+    sizes_kb: str = typer.Option("4,64,512,4096", "--sizes-kb", help="Comma-separated KiB."),
+    repeats: int = typer.Option(5, "--repeats", min=1, help="Timed calls per size (median)."),
+    json_path: str | None = typer.Option(
+        None, "--json", help="Write the samples here (input of `commgym fit-surrogate`)."
+    ),
+) -> None:
+    """Time all-reduce / all-gather on real ranks and fit the alpha-beta prior."""
+    from commgym.experiments.bench_collectives import run_collectives_benchmark
+
+    try:
+        run_collectives_benchmark(
+            world_size, [float(s) for s in sizes_kb.split(",") if s.strip()], repeats, json_path
+        )
+    except (ValueError, RuntimeError) as err:
+        _fail(err)
+
+
+@bench_app.command("surrogate")
+def bench_surrogate_cmd(
+    model: str = typer.Option(..., "--surrogate", help="Fitted surrogate model file."),
+    steps: int = typer.Option(20000, "--steps", min=100, help="Env steps to time."),
+) -> None:
+    """Env steps per second of commgym/Surrogate-v0 on one core."""
+    from commgym.experiments.bench_collectives import run_surrogate_benchmark
+
+    try:
+        run_surrogate_benchmark(model, steps)
+    except (ValueError, FileNotFoundError) as err:
+        _fail(err)
+
+
+@app.command("collect")
+def collect_cmd(
+    workload: str = typer.Option("mlp-digits", "--workload", help="Workload name."),
+    world_size: int = typer.Option(2, "--world-size", min=1, help="Number of ranks."),
+    network: str | None = typer.Option(None, "--network", help="Emulated network spec."),
+    decisions: int = typer.Option(200, "--decisions", min=1, help="Real decisions to record."),
+    policy: str = typer.Option("random", "--policy", help="Exploration policy: random, grid."),
+    steps_per_decision: int = typer.Option(10, "--steps-per-decision", min=1),
+    time_budget_s: float = typer.Option(6.0, "--time-budget-s"),
+    seed: int = typer.Option(0, "--seed"),
+    out: str = typer.Option("commgym-out/transitions.csv", "--out", help="CSV or .parquet."),
+    bench: bool = typer.Option(True, "--bench/--no-bench", help="Also time collectives."),
+    fit: str | None = typer.Option(None, "--fit", help="Also fit a surrogate, save it here."),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+) -> None:
+    """Record real decisions (dataset for the surrogate), logged as an MLflow run."""
+    from commgym.experiments.collect import collect, fit_surrogate
+
+    try:
+        res = collect(
+            workload=workload, world_size=world_size, network=network, decisions=decisions,
+            policy=policy, steps_per_decision=steps_per_decision, time_budget_s=time_budget_s,
+            seed=seed, out=out, bench=bench, tracking_uri=tracking_uri,
+        )  # fmt: skip
+    except (ValueError, RuntimeError) as err:
+        _fail(err)
+    typer.echo(f"{res['decisions']} decisions in {res['seconds']:.1f} s -> {res['path']}")
+    if fit:
+        fit_surrogate([res["path"]], fit, bench=res["bench_path"])
+        typer.echo(f"surrogate saved to {fit}")
+
+
+@app.command("fit-surrogate")
+def fit_surrogate_cmd(
+    data: str = typer.Option(..., "--data", help="Comma-separated transition files (CSV/Parquet)."),
+    out: str = typer.Option("commgym-out/surrogate.joblib", "--out", help="Model file."),
+    bench: str | None = typer.Option(None, "--bench", help="Samples JSON of bench collectives."),
+    holdout: str | None = typer.Option(None, "--holdout", help="Held-out transitions (MAPE)."),
+) -> None:
+    """Fit the surrogate (alpha-beta prior + gradient boosting) on recorded transitions."""
+    from commgym.env.surrogate import read_transitions, step_time_mape
+    from commgym.experiments.collect import fit_surrogate
+
+    try:
+        model = fit_surrogate([d.strip() for d in data.split(",") if d.strip()], out, bench=bench)
+    except (ValueError, FileNotFoundError) as err:
+        _fail(err)
+    typer.echo(f"surrogate saved to {out}; residual std {model.residual_std}")
+    if holdout:
+        typer.echo(
+            f"held-out step-time MAPE: {step_time_mape(model, read_transitions(holdout)):.1f}%"
+        )
 
 
 def main() -> None:

@@ -34,6 +34,9 @@ class RunConfig:
             ``MLFLOW_TRACKING_URI``).
         experiment: MLflow experiment name.
         output_dir: folder for the policy, plots and CSVs.
+        env_kind: where the agent learns: ``"real"`` (``commgym/AllReduce-v0``) or
+            ``"surrogate"`` (``commgym/Surrogate-v0``; evaluation stays on real ranks).
+        surrogate: fitted surrogate model file (required with ``env_kind="surrogate"``).
     """
 
     agent: str = "ppo"
@@ -49,8 +52,14 @@ class RunConfig:
     tracking_uri: str | None = None
     experiment: str = "commgym"
     output_dir: str = "commgym-out"
+    env_kind: str = "real"
+    surrogate: str | None = None
 
     def __post_init__(self) -> None:
+        if self.env_kind not in ("real", "surrogate"):
+            raise ValueError(f"env_kind must be 'real' or 'surrogate', got {self.env_kind!r}")
+        if self.env_kind == "surrogate" and not self.surrogate:
+            raise ValueError("env_kind 'surrogate' needs surrogate=<model file> (--surrogate)")
         for name in ("timesteps", "episodes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -257,19 +257,21 @@ def train(cfg: RunConfig) -> dict[str, list[EpisodeResult]]:
     tracker = Tracker(cfg.tracking_uri, experiment=cfg.experiment)
     _announce(tracker)
     env = _make_env(cfg)
+    surrogate = _make_surrogate_env(cfg) if cfg.env_kind == "surrogate" else None
     try:
         with tracker.start_run(f"train-{cfg.agent}", tags={"commgym.command": "train"}) as parent:
             (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             parent.log_artifact(out / "config.yaml")
             parent.log_text(" ".join(sys.argv), "command_line.txt")
-            learn_env = TrackingWrapper(env, parent)
+            learn_env = TrackingWrapper(surrogate if surrogate is not None else env, parent)
             agent = make_agent(cfg.agent, learn_env, seed=cfg.seed, **cfg.agent_kwargs)
             parent.log_params(
                 _parent_params(cfg, {f"agent.{k}": v for k, v in agent.hyperparams.items()})
             )
             t0 = time.perf_counter()
             console.print(
-                f"training [bold]{cfg.agent}[/bold] for {cfg.timesteps} decisions on real ranks ..."
+                f"training [bold]{cfg.agent}[/bold] for {cfg.timesteps} decisions on "
+                + ("the surrogate ..." if surrogate is not None else "real ranks ...")
             )
             agent.learn(cfg.timesteps, progress_bar=True)
             learn_s = time.perf_counter() - t0
@@ -282,10 +284,47 @@ def train(cfg: RunConfig) -> dict[str, list[EpisodeResult]]:
             results = _compare_with_baselines(
                 cfg, env, f"{cfg.agent} (learned)", agent, tracker, parent, out
             )
+            if surrogate is not None:
+                _sim_to_real(cfg, surrogate, agent, results[f"{cfg.agent} (learned)"], parent)
     finally:
         env.close()
+        if surrogate is not None:
+            surrogate.close()
     _announce(tracker)
     return results
+
+
+def _make_surrogate_env(cfg: RunConfig) -> gym.Env:
+    import commgym.env  # noqa: F401 - registers the env
+
+    return gym.make("commgym/Surrogate-v0", model_path=cfg.surrogate, **cfg.env)
+
+
+def _sim_to_real(
+    cfg: RunConfig, surrogate: gym.Env, agent: Any, real: list[EpisodeResult], run: Any
+) -> float:
+    """Return on the surrogate minus return on real ranks, same policy and seeds.
+
+    Logs ``sim2real/surrogate_return``, ``sim2real/real_return`` and ``sim2real/gap``.
+    """
+    target = cfg.env.get("target_loss")
+    sim = [run_episode(surrogate, agent, r.seed, "surrogate", target).episode_return for r in real]
+    sim_mean = statistics.fmean(sim)
+    real_mean = statistics.fmean(r.episode_return for r in real)
+    gap = sim_mean - real_mean
+    run.log_metrics(
+        {
+            "sim2real/surrogate_return": sim_mean,
+            "sim2real/real_return": real_mean,
+            "sim2real/gap": gap,
+        },
+        step=0,
+    )
+    console.print(
+        f"sim-to-real gap: surrogate return {sim_mean:.3f} - real return {real_mean:.3f} "
+        f"= {gap:+.3f} (same policy, seeds {[r.seed for r in real]})"
+    )
+    return gap
 
 
 def _compare_with_baselines(

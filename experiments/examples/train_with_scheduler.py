@@ -147,6 +147,7 @@ def main() -> None:
         if run is not None:
             run.log_metrics({"final/eval_loss": loss, "final/accuracy": acc}, step=args.steps)
             run.end()
+    dist.barrier()  # every rank finished its work before the group goes away
     dist.destroy_process_group()
     if not identical:
         raise SystemExit("parameters differ across ranks")

@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 from mlflow import MlflowClient
 
-
-def _run(args, tmp_path, timeout_s=600):
-    env = dict(os.environ)
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("MLFLOW_RUN_ID", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "commgym.experiments.cli", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc.stdout
+from tests.experiments.cli_helpers import cli_ok as _run
 
 
 @pytest.fixture(scope="module")

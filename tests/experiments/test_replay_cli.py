@@ -2,27 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 from commgym.agents import StaticAgent
 from commgym.agents.base import _LayoutEnv
 from commgym.env.spaces import ActionMenu
-
-
-def _cli(args, cwd, timeout_s=180):
-    env = dict(os.environ)
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run(
-        [sys.executable, "-m", "commgym.experiments.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
+from tests.experiments.cli_helpers import cli as _cli
 
 
 def test_replay_prints_policy_and_baselines(tmp_path):

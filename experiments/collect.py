@@ -1,0 +1,144 @@
+"""``commgym collect``: record real decisions for the surrogate, logged to MLflow.
+
+Runs ``commgym/AllReduce-v0`` under an exploration policy (``random``: uniform menu
+entries; ``grid``: every entry in turn, repeated), records every decision with
+:class:`~commgym.env.surrogate.TransitionRecorder`, optionally times all-reduce and
+all-gather on the same ranks (for the alpha-beta prior, :func:`bench_collectives`) and
+logs the dataset as an MLflow artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["collect", "collect_transitions", "fit_surrogate"]
+
+POLICIES = ("random", "grid")
+
+
+def collect_transitions(
+    env: Any, path: str | Path, decisions: int, policy: str = "random", seed: int = 0
+) -> Path:
+    """Record ``decisions`` real decisions of ``env`` under ``policy`` to ``path``.
+
+    Args:
+        env: an (unwrapped or wrapped) ``commgym/AllReduce-v0`` env; not closed here.
+        path: CSV or ``.parquet`` output.
+        decisions: number of decisions (episodes are reset as they end).
+        policy: ``"random"`` or ``"grid"``.
+        seed: seed of the first episode and of the random policy.
+
+    Raises:
+        ValueError: unknown policy.
+    """
+    from commgym.env.surrogate import TransitionRecorder
+
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; valid: {list(POLICIES)}")
+    rec = TransitionRecorder(env, path)
+    nvec = np.asarray(env.action_space.nvec)
+    size = int(np.prod(nvec))
+    rng = np.random.default_rng(seed)
+    rec.reset(seed=seed)
+    for i in range(decisions):
+        flat = int(rng.integers(size)) if policy == "random" else i % size
+        a = np.array(np.unravel_index(flat, tuple(int(n) for n in nvec)), dtype=np.int64)
+        _, _, term, trunc, _ = rec.step(a)
+        if term or trunc:
+            rec.reset()
+    return rec.flush()
+
+
+def fit_surrogate(
+    data: list[str | Path], out: str | Path, bench: str | Path | None = None, menu: Any = None
+) -> Any:
+    """Fit a :class:`~commgym.env.surrogate.SurrogateModel` and save it to ``out``.
+
+    Args:
+        data: transition files.
+        out: model file (joblib).
+        bench: JSON of ``[kind, world_size, bytes, seconds]`` samples for the prior.
+        menu: action menu (default menu when ``None``).
+    """
+    from commgym.env.spaces import ActionMenu
+    from commgym.env.surrogate import AlphaBeta, SurrogateModel, read_transitions
+
+    ab = None
+    if bench is not None and Path(bench).exists():
+        ab = AlphaBeta.fit([tuple(s) for s in json.loads(Path(bench).read_text())])
+    model = SurrogateModel(ActionMenu.from_any(menu), alpha_beta=ab).fit(read_transitions(*data))
+    model.save(out)
+    return model
+
+
+def collect(
+    *,
+    workload: str = "mlp-digits",
+    world_size: int = 2,
+    network: str | None = None,
+    decisions: int = 200,
+    policy: str = "random",
+    steps_per_decision: int = 10,
+    time_budget_s: float = 6.0,
+    seed: int = 0,
+    out: str | Path = "commgym-out/transitions.csv",
+    bench: bool = True,
+    tracking_uri: str | None = None,
+    experiment: str = "commgym",
+) -> dict[str, Any]:
+    """Collect a dataset on real ranks and log it as an MLflow run.
+
+    Returns:
+        ``{"path", "bench_path", "decisions", "seconds", "run_id"}``.
+    """
+    import gymnasium as gym
+
+    import commgym.env  # noqa: F401 - registers the env
+    from commgym.env.surrogate import bench_collectives
+    from commgym.experiments.tracking import Tracker, reproducibility_params
+
+    out = Path(out)
+    tracker = Tracker(tracking_uri, experiment=experiment)
+    params = {
+        "workload": workload, "world_size": world_size, "network": network,
+        "decisions": decisions, "policy": policy, "steps_per_decision": steps_per_decision,
+        "time_budget_s": time_budget_s, "seed": seed,
+    }  # fmt: skip
+    env = gym.make(
+        "commgym/AllReduce-v0",
+        workload=workload,
+        world_size=world_size,
+        network=network,
+        steps_per_decision=steps_per_decision,
+        time_budget_s=time_budget_s,
+        seed=seed,
+    )
+    bench_path = None
+    try:
+        with tracker.start_run(
+            f"collect-{policy}", params={**params, **reproducibility_params()},
+            tags={"commgym.command": "collect"},
+        ) as run:  # fmt: skip
+            t0 = time.perf_counter()
+            env.reset(seed=seed)
+            if bench and world_size > 1:
+                samples = bench_collectives(env.unwrapped.cluster)
+                bench_path = out.with_suffix(".bench.json")
+                bench_path.parent.mkdir(parents=True, exist_ok=True)
+                bench_path.write_text(json.dumps(samples))
+                run.log_artifact(bench_path)
+            path = collect_transitions(env, out, decisions, policy, seed)
+            secs = time.perf_counter() - t0
+            run.log_artifact(path)
+            run.log_metrics({"collect/decisions": decisions, "collect/seconds": secs}, step=0)
+    finally:
+        env.close()
+    return {
+        "path": path, "bench_path": bench_path, "decisions": decisions, "seconds": secs,
+        "run_id": run.run_id,
+    }  # fmt: skip
