@@ -18,8 +18,8 @@ from commgym.env.spaces import (
     REWARDS,
     ActionMenu,
     ObservationBuilder,
-    RewardContext,
     aggregate_measurements,
+    decision_outcome,
 )
 from commgym.env.spaces import combine_eval as _combine_eval
 
@@ -394,29 +394,19 @@ class AllReduceEnv(gym.Env):
         obs = self._obs.build(m, a, elapsed)
         self._action = a
         diverged = bool(m["nonfinite"]) or not math.isfinite(m["eval_loss"])
-        reward = 0.0
+        reward, terminated, truncated, reason = decision_outcome(
+            cfg,
+            self._reward,
+            prev_eval_loss=prev,
+            eval_loss=m["eval_loss"],
+            dt_s=m["train_time_s"],
+            samples=int(m["samples"]),
+            diverged=diverged,
+            train_time_s=self._train_time_s,
+            decisions=self._decisions,
+        )
         if not diverged:
-            reward = self._reward(
-                RewardContext(
-                    prev_eval_loss=prev,
-                    eval_loss=m["eval_loss"],
-                    dt_s=m["train_time_s"],
-                    time_budget_s=cfg.time_budget_s,
-                    samples=int(m["samples"]),
-                    target_loss=cfg.target_loss,
-                )
-            )
             self._eval_loss = m["eval_loss"]
-        terminated = truncated = False
-        reason = None
-        if diverged:
-            terminated, reason = True, "diverged"
-        elif cfg.target_loss is not None and m["eval_loss"] <= cfg.target_loss:
-            terminated, reason = True, "target_reached"
-        elif self._train_time_s >= cfg.time_budget_s:
-            truncated, reason = True, "time_budget"
-        elif cfg.max_decisions is not None and self._decisions >= cfg.max_decisions:
-            truncated, reason = True, "max_decisions"
         if terminated or truncated:
             self._needs_reset = True
         self._last_obs = obs

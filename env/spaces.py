@@ -421,3 +421,56 @@ REWARDS: dict[str, Callable[[RewardContext], float]] = {
     "time_to_target": _time_to_target,
     "throughput": _throughput,
 }
+
+
+def decision_outcome(
+    cfg: Any,
+    reward_fn: Callable[[RewardContext], float],
+    *,
+    prev_eval_loss: float,
+    eval_loss: float,
+    dt_s: float,
+    samples: int,
+    diverged: bool,
+    train_time_s: float,
+    decisions: int,
+) -> tuple[float, bool, bool, str | None]:
+    """Reward and episode end of one decision (the one definition every env uses).
+
+    Args:
+        cfg: the env config (reads ``time_budget_s``, ``target_loss``, ``max_decisions``).
+        reward_fn: an entry of :data:`REWARDS`.
+        prev_eval_loss: held-out loss before the decision.
+        eval_loss: held-out loss after it.
+        dt_s: the decision's training time in seconds.
+        samples: samples trained on during the decision (all ranks).
+        diverged: a non-finite loss or gradient was seen.
+        train_time_s: training time used in the episode so far, this decision included.
+        decisions: decisions taken in the episode, this one included.
+
+    Returns:
+        ``(reward, terminated, truncated, reason)``: reward 0 on divergence; terminated for
+        ``"diverged"`` / ``"target_reached"``, truncated for ``"time_budget"`` /
+        ``"max_decisions"``; reason ``None`` while the episode goes on.
+    """
+    reward = 0.0
+    if not diverged:
+        reward = reward_fn(
+            RewardContext(
+                prev_eval_loss=prev_eval_loss,
+                eval_loss=eval_loss,
+                dt_s=dt_s,
+                time_budget_s=cfg.time_budget_s,
+                samples=samples,
+                target_loss=cfg.target_loss,
+            )
+        )
+    if diverged:
+        return reward, True, False, "diverged"
+    if cfg.target_loss is not None and eval_loss <= cfg.target_loss:
+        return reward, True, False, "target_reached"
+    if train_time_s >= cfg.time_budget_s:
+        return reward, False, True, "time_budget"
+    if cfg.max_decisions is not None and decisions >= cfg.max_decisions:
+        return reward, False, True, "max_decisions"
+    return reward, False, False, None

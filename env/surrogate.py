@@ -46,7 +46,7 @@ from commgym.env.spaces import (
     REWARDS,
     ActionMenu,
     ObservationBuilder,
-    RewardContext,
+    decision_outcome,
 )
 
 __all__ = [
@@ -660,26 +660,19 @@ class SurrogateEnv(gym.Env):
         elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)
         obs = self._obs.build(m, a, elapsed)
         self._action = a
-        reward = 0.0
+        reward, terminated, truncated, reason = decision_outcome(
+            cfg,
+            self._reward,
+            prev_eval_loss=prev,
+            eval_loss=eval_loss,
+            dt_s=train_t,
+            samples=int(self._samples),
+            diverged=diverged,
+            train_time_s=self._train_time_s,
+            decisions=self._decisions,
+        )
         if not diverged:
-            reward = self._reward(
-                RewardContext(
-                    prev_eval_loss=prev, eval_loss=eval_loss, dt_s=train_t,
-                    time_budget_s=cfg.time_budget_s, samples=int(self._samples),
-                    target_loss=cfg.target_loss,
-                )
-            )  # fmt: skip
             self._eval_loss = eval_loss
-        terminated = truncated = False
-        reason = None
-        if diverged:
-            terminated, reason = True, "diverged"
-        elif cfg.target_loss is not None and eval_loss <= cfg.target_loss:
-            terminated, reason = True, "target_reached"
-        elif self._train_time_s >= cfg.time_budget_s:
-            truncated, reason = True, "time_budget"
-        elif cfg.max_decisions is not None and self._decisions >= cfg.max_decisions:
-            truncated, reason = True, "max_decisions"
         if terminated or truncated:
             self._needs_reset = True
         self._last_obs = obs

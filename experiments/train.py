@@ -125,17 +125,11 @@ def run_episode(
 
 
 def _ci95(values: list[float]) -> tuple[float, float]:
-    """Mean and half-width of a 95 % t-interval (0 half-width for one value)."""
-    vals = [v for v in values if math.isfinite(v)]
-    if not vals:
-        return math.nan, math.nan
-    mean = statistics.fmean(vals)
-    if len(vals) < 2:
-        return mean, 0.0
-    from scipy import stats
+    """Mean and 95 % half-width over seeds (``plots.mean_ci``); half-width 0 for one seed."""
+    from commgym.experiments.plots import mean_ci
 
-    half = float(stats.t.ppf(0.975, len(vals) - 1) * statistics.stdev(vals) / math.sqrt(len(vals)))
-    return mean, half
+    mean, half, n = mean_ci(values)
+    return mean, (0.0 if n == 1 else half)
 
 
 def _print_table(results: dict[str, list[EpisodeResult]], cfg: RunConfig) -> Table:
