@@ -328,8 +328,9 @@ class CommScheduler:
             for t in [*params, *model.buffers()]:
                 dist.broadcast(t.data, src=self._src, group=group)
         self.sync = GradientSynchronizer(
-            model, self.menu.decode(self._action), group, seed=seed, error_every=0
-        )
+            model, self.menu.decode(self._action), group, seed=seed, error_every=0,
+            optimizer=optimizer,
+        )  # fmt: skip
         num_params = sum(p.numel() for p in params)
         self.builder = ObservationBuilder(self.menu, self.world_size, num_params)
         self.records: list[DecisionRecord] = []

@@ -53,6 +53,18 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
+def _quiet_logger(model: Any) -> None:
+    """A silent SB3 logger for ``verbose=0`` models.
+
+    SB3's default logger set-up creates an empty ``SB3-<date>`` folder in the temp
+    directory on every ``learn()`` when nothing is logged; commgym logs to MLflow instead.
+    """
+    if getattr(model, "verbose", 0) == 0:
+        from stable_baselines3.common.logger import Logger
+
+        model.set_logger(Logger(folder=None, output_formats=[]))
+
+
 class _FunctionCallback(BaseCallback):
     """Adapts ``callback(step: dict) -> bool`` to SB3's callback protocol (one env)."""
 
@@ -128,6 +140,7 @@ class SB3Agent(Agent):
         kwargs = dict(merged)
         policy = kwargs.pop("policy")
         self.model = self.algo(policy, self._algo_env(env), seed=seed, **kwargs)
+        _quiet_logger(self.model)
         self._learned_once = False
 
     @property
@@ -227,6 +240,7 @@ class SB3Agent(Agent):
         Agent.__init__(agent, agent_env, seed=meta.get("seed"), **meta.get("hyperparams", {}))
         algo_env = agent._algo_env(env) if env is not None else None
         agent.model = cls.algo.load(path, env=algo_env, device="cpu")
+        _quiet_logger(agent.model)
         agent._learned_once = True
         return agent
 

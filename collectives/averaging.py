@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-__all__ = ["PeriodicAverager"]
+__all__ = ["PeriodicAverager", "average_optimizer_state"]
 
 
 class PeriodicAverager:
@@ -117,3 +117,59 @@ class PeriodicAverager:
         self.steps = int(state["steps"])
         self.steps_since_average = int(state["steps_since_average"])
         self.averagings = int(state["averagings"])
+
+
+def _optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Per-parameter floating-point state tensors, in a rank-independent order."""
+    out = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            for key in sorted(state):
+                t = state[key]
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() > 0:
+                    out.append(t)
+    return out
+
+
+@torch.no_grad()
+def average_optimizer_state(optimizer: torch.optim.Optimizer, group=None) -> tuple[int, float]:
+    """Average an optimizer's per-parameter state across ranks (a collective).
+
+    Local SGD leaves rank-local optimizer state apart (SGD momentum buffers, Adam's
+    ``exp_avg`` / ``exp_avg_sq``): each rank accumulated its own gradients. Averaging
+    parameters alone then does not make the replicas equal again, and a following
+    synchronous period (``H = 1``) would keep them apart forever (every rank applies the
+    same averaged gradient through a different momentum). Averaging the state as well
+    restores identical replicas, as at the start of training. Scalars (``step``) are left
+    alone: they are equal on every rank.
+
+    Every rank must call it at the same point with optimizers over the same parameters.
+
+    Args:
+        optimizer: any ``torch.optim.Optimizer``; its floating-point state tensors with at
+            least one dimension are averaged in place (fp32-exact sum, then divide).
+        group: process group (default: the world).
+
+    Returns:
+        ``(bytes_sent, seconds)``; ``(0, 0.0)`` when the optimizer has no such state.
+    """
+    t0 = time.perf_counter()
+    tensors = _optimizer_state_tensors(optimizer)
+    if not tensors:
+        return 0, 0.0
+    world = dist.get_world_size(group)
+    nbytes = 0
+    by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        by_kind.setdefault((t.dtype, t.device), []).append(t)
+    for ts in by_kind.values():
+        flat = torch.cat([t.reshape(-1) for t in ts])
+        dist.all_reduce(flat, group=group)
+        flat.div_(world)
+        off = 0
+        for t in ts:
+            t.copy_(flat[off : off + t.numel()].view_as(t))
+            off += t.numel()
+        nbytes += flat.numel() * flat.element_size()
+    return nbytes, time.perf_counter() - t0

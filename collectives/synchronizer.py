@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from commgym.collectives.averaging import PeriodicAverager
+from commgym.collectives.averaging import PeriodicAverager, average_optimizer_state
 from commgym.collectives.bucketing import BucketPlan
 from commgym.collectives.compressors import Compressor, make_compressor
 from commgym.collectives.config import CommConfig
@@ -108,6 +109,12 @@ class GradientSynchronizer:
         error_every: measure ``compression_error`` every this many steps (an extra exact
             fp32 all-reduce after the measured region, not counted in ``bytes_sent``);
             0 disables it.
+        optimizer: the optimizer stepping ``model`` (settable later as
+            ``sync.optimizer``). With it, :meth:`consensus` and a switch from local SGD
+            back to ``sync_period = 1`` also average its per-parameter state (momentum,
+            Adam moments; :func:`~commgym.collectives.averaging.average_optimizer_state`),
+            so the replicas are identical again; without it they stay apart under
+            ``H = 1`` whenever the optimizer has rank-local state (a warning says so).
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
@@ -124,6 +131,7 @@ class GradientSynchronizer:
         *,
         seed: int = 0,
         error_every: int = 1,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
@@ -143,6 +151,10 @@ class GradientSynchronizer:
             raise ValueError("model has no parameters with requires_grad=True to synchronise")
         self._clock = _Clock(self.params[0].device)
         self._averager = PeriodicAverager(self.params, 1, group)
+        self.optimizer = optimizer
+        # optimizer steps taken with H > 1 since the optimizer state was last averaged
+        self._local_steps = 0
+        self._warned_state = False
         self._residuals = ResidualMemory()
         self._config: CommConfig | None = None
         self._plan: BucketPlan | None = None
@@ -250,7 +262,26 @@ class GradientSynchronizer:
             return
         if self._averager.steps_since_average > 0:
             self._averager.average()
+        if config.sync_period == 1:
+            self._average_optimizer_state()
         self._apply(config)
+
+    def _average_optimizer_state(self) -> tuple[int, float]:
+        """Average the optimizer state if local steps left it apart (collective)."""
+        if self._local_steps == 0:
+            return 0, 0.0
+        self._local_steps = 0
+        if self.optimizer is None:
+            if not self._warned_state:
+                self._warned_state = True
+                warnings.warn(
+                    "leaving local SGD without an optimizer attached: rank-local optimizer "
+                    "state (momentum, Adam moments) stays apart and replicas drift under "
+                    "sync_period=1; pass optimizer= to GradientSynchronizer",
+                    stacklevel=3,
+                )
+            return 0, 0.0
+        return average_optimizer_state(self.optimizer, self.group)
 
     # -- hooks --------------------------------------------------------------------
     def _new_step_state(self) -> None:
@@ -539,23 +570,32 @@ class GradientSynchronizer:
         self._opt_steps += 1
         if self.config.sync_period == 1:
             return AveragingStats(False, 0, 0.0, self._opt_steps)
+        self._local_steps += 1
         averaged, nbytes, secs = self._averager.step()
         return AveragingStats(averaged, nbytes, secs, self._opt_steps)
 
     @torch.no_grad()
     def consensus(self) -> AveragingStats:
-        """Average parameters now if local-SGD steps left the replicas apart.
+        """Make the replicas identical now if local-SGD steps left them apart.
 
-        A collective when there are un-averaged local steps (every rank must call it at
-        the same point); a no-op otherwise (``sync_period == 1`` keeps replicas equal).
+        Averages parameters when there are un-averaged local steps and, with
+        :attr:`optimizer` set, the optimizer's per-parameter state when any local step
+        happened since it was last averaged. A collective in those cases (every rank
+        must call it at the same point); a no-op otherwise (``sync_period == 1`` keeps
+        replicas equal).
 
         Returns:
-            :class:`AveragingStats` (``averaged`` False when nothing had to be done).
+            :class:`AveragingStats` (``averaged`` False when nothing had to be done;
+            bytes and seconds include the optimizer state).
         """
-        if self.config.sync_period == 1 or self._averager.steps_since_average == 0:
-            return AveragingStats(False, 0, 0.0, self._opt_steps)
-        nbytes, secs = self._averager.average()
-        return AveragingStats(True, nbytes, secs, self._opt_steps)
+        nbytes, secs, averaged = 0, 0.0, False
+        if self.config.sync_period > 1 and self._averager.steps_since_average > 0:
+            nbytes, secs = self._averager.average()
+            averaged = True
+        if self.optimizer is not None and self._local_steps > 0:
+            b, t = self._average_optimizer_state()
+            nbytes, secs, averaged = nbytes + b, secs + t, True
+        return AveragingStats(averaged, nbytes, secs, self._opt_steps)
 
     # -- state --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -567,6 +607,7 @@ class GradientSynchronizer:
             "residuals": self._residuals.state_dict(),
             "compressor": self.compressor.state_dict(),
             "averager": self._averager.state_dict(),
+            "local_steps": self._local_steps,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -588,6 +629,7 @@ class GradientSynchronizer:
         self._averager.load_state_dict(state["averager"])
         self._step = int(state["step"])
         self._opt_steps = int(state["optimizer_steps"])
+        self._local_steps = int(state.get("local_steps", 0))
 
     def remove_hooks(self) -> None:
         """Detach from the model (the synchronizer cannot be used afterwards)."""

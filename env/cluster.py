@@ -53,6 +53,10 @@ def _kill_all_at_exit() -> None:  # pragma: no cover - interpreter shutdown
         cluster.kill()
 
 
+#: Characters of the launcher log kept in memory once its file is removed.
+_LOG_KEEP_CHARS = 20_000
+
+
 class Cluster:
     """A set of ``world_size`` worker ranks launched with torchrun.
 
@@ -119,6 +123,7 @@ class Cluster:
         self._conns: list[Connection] = []
         self.hello: list[dict[str, Any]] = []
         self._log_path: Path | None = None
+        self._last_log = ""
         self._alive = False
 
     # -- lifecycle ------------------------------------------------------------------
@@ -367,12 +372,21 @@ class Cluster:
             with contextlib.suppress(Exception):
                 self._listener.close()
             self._listener = None
+        if self._log_path is not None:
+            # keep the end of the log in memory (failure messages quote it), drop the file
+            with contextlib.suppress(OSError):
+                self._last_log = self._log_path.read_text(errors="replace")[-_LOG_KEEP_CHARS:]
+                self._log_path.unlink()
+            self._log_path = None
         _LIVE.discard(self)
 
     def log_text(self) -> str:
-        """The launcher's combined stdout/stderr so far ('' when not launched here)."""
+        """The launcher's combined stdout/stderr so far ('' when not launched here).
+
+        After :meth:`kill` (the log file is removed then) the last 20,000 characters.
+        """
         if self._log_path is None or not self._log_path.exists():
-            return ""
+            return self._last_log
         return self._log_path.read_text(errors="replace")
 
     def _log_tail(self, n: int = 2000) -> str:

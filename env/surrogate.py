@@ -14,14 +14,16 @@ thousands. This module turns real decisions into a simulator:
    ``HistGradientBoostingRegressor``) on top of ``prior = compute + comm(bytes)``: the log
    ratio of measured to prior step time, decision time, bytes per step, log-loss decrease
    and the other measured quantities, from configuration features, workload features and
-   the current held-out loss (observation index 6). Run-to-run noise is calibrated by
-   bootstrapping out-of-fold residuals (one whole residual row at a time, so targets stay
-   correlated), pooled per sync period.
+   the current held-out loss (observation index 6); the step time is fitted as the
+   1/t-weighted median, the point prediction that minimises MAPE. Run-to-run noise is
+   calibrated by bootstrapping out-of-fold residuals: timing residual rows pooled per sync
+   period, learning-progress residual rows from the transitions nearest in held-out loss
+   (their spread shrinks by orders of magnitude as training converges).
 4. :class:`SurrogateEnv` has the observation/action spaces, reward functions,
    time-budget truncation and divergence semantics of :class:`~commgym.env.AllReduceEnv`
    (shared code from :mod:`commgym.env.spaces`). Predictions are precomputed for every
    menu entry on a grid of held-out-loss buckets, so a step is a table look-up plus one
-   bootstrap draw (> 10,000 steps/s on one core).
+   pair of bootstrap draws (> 10,000 steps/s on one core).
 
 .. warning:: Surrogate model files are joblib pickles: loading one from an untrusted
    source can execute arbitrary code. Only load files you produced yourself.
@@ -58,6 +60,7 @@ __all__ = [
     "bench_collectives",
     "read_transitions",
     "step_time_mape",
+    "step_time_noise_floor",
 ]
 
 #: ``info["measured"]`` keys copied into every transition row.
@@ -66,6 +69,13 @@ MEASURED_KEYS = (
     "comm_s", "bytes_per_step", "bytes_total", "train_loss", "eval_loss", "eval_acc",
     "eval_s", "grad_norm", "compression_error", "nonfinite", "samples", "steps",
 )  # fmt: skip
+
+#: Version of the saved model layout (:meth:`SurrogateModel.save`); others are refused.
+MODEL_VERSION = 2
+
+#: Decisions a configuration has been held are a feature up to this many (error feedback
+#: residuals, PowerSGD's warm start and momentum restart at every switch).
+MAX_STREAK = 4
 
 #: What the learned correction predicts (one regressor each).
 TARGETS = (
@@ -82,12 +92,18 @@ TARGETS = (
     "eval_acc",
 )
 
+#: Columns of :data:`TARGETS` whose noise is drawn from the per-sync-period pool; the
+#: others (learning progress) from the pool of the current held-out-loss bucket.
+TIMING = (0, 1, 2, 6, 7, 8)
+
 
 class TransitionRecorder(gym.Wrapper):
     """Records every decision of a commgym env as one row; writes CSV or Parquet.
 
     A row holds the observation the decision was taken from (``obs_<field>``), the action
-    (``a_compression``, ``a_bucket``, ``a_period`` and the decoded config), every measured
+    (``a_compression``, ``a_bucket``, ``a_period`` and the decoded config), ``held`` (for
+    how many decisions in a row this configuration has been chosen, 1 = just switched to
+    it; switching restarts error feedback and PowerSGD's warm start), every measured
     statistic (``info["measured"]``), the previous held-out loss, reward, end flags and
     reason, and the workload, world size, steps per decision, time budget and network
     spec. Dynamic values come from ``info`` only; static ones from the env's ``config``.
@@ -116,12 +132,16 @@ class TransitionRecorder(gym.Wrapper):
         self._seed: int | None = None
         self._num_params: int | None = None
         self._closed = False
+        self._prev_action: tuple[int, ...] | None = None
+        self._held = 0
 
     def reset(self, **kwargs: Any):  # noqa: D102
         obs, info = self.env.reset(**kwargs)
         self.episode += 1
         self._obs = np.asarray(obs, dtype=np.float64)
         self._prev_loss = float(info.get("eval_loss", math.nan))
+        self._prev_action: tuple[int, ...] | None = None
+        self._held = 0
         self._seed = info.get("episode_seed")
         self._num_params = info.get("num_params", self._num_params)
         self._network = info.get("network")
@@ -130,6 +150,9 @@ class TransitionRecorder(gym.Wrapper):
     def step(self, action: Any):  # noqa: D102
         obs, reward, terminated, truncated, info = self.env.step(action)
         a = np.asarray(action, dtype=np.int64).reshape(-1)
+        key = tuple(int(v) for v in a)
+        self._held = self._held + 1 if key == self._prev_action else 1
+        self._prev_action = key
         row: dict[str, Any] = {
             "episode": self.episode,
             "episode_seed": self._seed,
@@ -141,6 +164,7 @@ class TransitionRecorder(gym.Wrapper):
             "a_compression": int(a[0]),
             "a_bucket": int(a[1]),
             "a_period": int(a[2]),
+            "held": self._held,
             "config": info.get("config"),
             "prev_eval_loss": self._prev_loss,
             "reward": float(reward),
@@ -191,6 +215,13 @@ class TransitionRecorder(gym.Wrapper):
             if self.rows:
                 self.flush()
         super().close()
+
+
+def _streak(df: Any) -> np.ndarray:
+    """``held`` column (decisions the configuration has been held); 1 where absent."""
+    if "held" not in df:
+        return np.ones(len(df))
+    return df["held"].fillna(1).to_numpy(float)
 
 
 def read_transitions(*paths: str | os.PathLike[str]) -> Any:
@@ -325,7 +356,9 @@ class SurrogateModel:
             out[i] = self.compute_s + comm / self.menu.sync_period[h]
         return out
 
-    def _features(self, flat: np.ndarray, log_loss: np.ndarray) -> np.ndarray:
+    def _features(
+        self, flat: np.ndarray, log_loss: np.ndarray, streak: np.ndarray | int = 1
+    ) -> np.ndarray:
         nvec = tuple(int(n) for n in self.menu.nvec)
         c, b, h = np.unravel_index(flat.astype(np.int64), nvec)
         onehot = np.eye(nvec[0])[c]
@@ -333,7 +366,10 @@ class SurrogateModel:
         period = np.asarray(self.menu.sync_period, dtype=np.float64)[h]
         prior = np.log(self._prior_s(flat))
         wl = np.tile([float(self.world_size), math.log10(max(self.num_params, 1))], (len(flat), 1))
-        return np.column_stack([onehot, bucket, period, prior, log_loss, wl])
+        held = np.minimum(
+            np.broadcast_to(np.asarray(streak, dtype=np.float64), flat.shape), MAX_STREAK
+        )
+        return np.column_stack([onehot, bucket, period, prior, log_loss, held, wl])
 
     # fitting ----------------------------------------------------------------------
     def _targets(self, df: Any, prior: np.ndarray) -> np.ndarray:
@@ -407,14 +443,17 @@ class SurrogateModel:
         first = df[df["decision"] == 1]["prev_eval_loss"].to_numpy(float)
         self.initial_losses = first if len(first) else df["prev_eval_loss"].to_numpy(float)[:1]
         prev = df["prev_eval_loss"].to_numpy(float)
-        x = self._features(flat, np.log(np.maximum(prev, 1e-8)))
+        x = self._features(flat, np.log(np.maximum(prev, 1e-8)), _streak(df))
         y = self._targets(df, self._prior_s(flat))
         self.regressors = []
         oof = np.zeros_like(y)
         n_folds = min(folds, len(df))
         for j, name in enumerate(TARGETS):
-            # timing targets are heavy-tailed: fit the median (MAPE-friendly)
+            # timing targets are heavy-tailed: fit a median, not a mean
             loss = "absolute_error" if name.startswith("log_") else "squared_error"
+            # step time: the 1/t-weighted median of t is the MAPE-optimal point
+            # prediction (the log is monotone, so weighting the log target is the same)
+            w = np.exp(-y[:, j]) if j == 0 else None
 
             def make(loss: str = loss) -> Any:
                 return HistGradientBoostingRegressor(
@@ -422,32 +461,54 @@ class SurrogateModel:
                     min_samples_leaf=min(20, max(len(x) // 4, 2)), random_state=seed,
                 )  # fmt: skip
 
-            self.regressors.append(make().fit(x, y[:, j]))
+            self.regressors.append(make().fit(x, y[:, j], sample_weight=w))
             if n_folds >= 2:
                 for tr, te in KFold(n_folds, shuffle=True, random_state=seed).split(x):
-                    oof[te, j] = make().fit(x[tr], y[tr, j]).predict(x[te])
+                    wt = None if w is None else w[tr]
+                    oof[te, j] = make().fit(x[tr], y[tr, j], sample_weight=wt).predict(x[te])
             else:
                 oof[:, j] = self.regressors[-1].predict(x)
         resid = y - oof
-        h_idx = acts[ok][:, 2]
-        self.residuals = [
-            resid[h_idx == h] if (h_idx == h).sum() >= 5 else resid for h in range(nvec[2])
-        ]
         self.residual_std = dict(zip(TARGETS, resid.std(axis=0).tolist(), strict=True))
         lo = np.log(max(float(np.nanmin(prev)) * 0.25, 1e-4))
         hi = np.log(float(np.nanmax(prev)) * 1.5)
         self.loss_edges = np.linspace(lo, hi, self.loss_bins + 1)
+        self._fit_noise(resid, acts[ok][:, 2], np.log(np.maximum(prev, 1e-8)), nvec[2])
         self._build_table()
         self.fitted = True
         return self
+
+    def _fit_noise(
+        self, resid: np.ndarray, period_idx: np.ndarray, log_loss: np.ndarray, n_periods: int
+    ) -> None:
+        """Noise pools: out-of-fold residual rows, split by what the noise depends on.
+
+        Timing residuals (columns :data:`TIMING`) are pooled per sync period (local SGD
+        makes per-iteration times bimodal). Learning residuals are heteroscedastic in the
+        training phase (a log-loss step of 0.3 is typical at the start and an outlier near
+        convergence), so each held-out-loss bucket of the table gets the rows whose
+        previous held-out loss is nearest to the bucket centre (at least 20 rows or 10 %).
+        """
+        self.residuals = [
+            resid[period_idx == h] if (period_idx == h).sum() >= 5 else resid
+            for h in range(n_periods)
+        ]
+        centers = 0.5 * (self.loss_edges[1:] + self.loss_edges[:-1])
+        m = min(len(resid), max(20, len(resid) // 10))
+        order = np.argsort(np.abs(log_loss[None, :] - centers[:, None]), axis=1)[:, :m]
+        self.learning_residuals = [resid[idx] for idx in order]
 
     def _build_table(self) -> None:
         centers = 0.5 * (self.loss_edges[1:] + self.loss_edges[:-1])
         flat = np.tile(np.arange(self.menu.size), len(centers))
         ll = np.repeat(centers, self.menu.size)
-        x = self._features(flat, ll)
-        pred = np.column_stack([r.predict(x) for r in self.regressors])
-        self.table = pred.reshape(len(centers), self.menu.size, len(TARGETS))
+        tables = []
+        for held in range(1, MAX_STREAK + 1):
+            x = self._features(flat, ll, held)
+            pred = np.column_stack([r.predict(x) for r in self.regressors])
+            tables.append(pred.reshape(len(centers), self.menu.size, len(TARGETS)))
+        #: ``table[held - 1, loss bucket, flat action, target]``
+        self.table = np.stack(tables)
         self.prior_table = self._prior_s(np.arange(self.menu.size))
 
     def predict_step_time(self, df: Any) -> np.ndarray:
@@ -456,7 +517,7 @@ class SurrogateModel:
         acts = df[["a_compression", "a_bucket", "a_period"]].to_numpy(np.int64)
         flat = np.ravel_multi_index(acts.T, nvec)
         prev = df["prev_eval_loss"].to_numpy(float)
-        x = self._features(flat, np.log(np.maximum(prev, 1e-8)))
+        x = self._features(flat, np.log(np.maximum(prev, 1e-8)), _streak(df))
         return self._prior_s(flat) * np.exp(self.regressors[0].predict(x))
 
     # persistence ------------------------------------------------------------------
@@ -466,7 +527,7 @@ class SurrogateModel:
 
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        joblib.dump({"format": "commgym-surrogate", "version": 1, "model": self}, p)
+        joblib.dump({"format": "commgym-surrogate", "version": MODEL_VERSION, "model": self}, p)
         return p
 
     @staticmethod
@@ -474,13 +535,19 @@ class SurrogateModel:
         """Load a model saved by :meth:`save` (a pickle: only load trusted files).
 
         Raises:
-            ValueError: the file is not a commgym surrogate model.
+            ValueError: the file is not a commgym surrogate model, or one of another
+                layout version (refit it).
         """
         import joblib
 
         data = joblib.load(Path(path))
         if not isinstance(data, dict) or data.get("format") != "commgym-surrogate":
             raise ValueError(f"{path} is not a commgym surrogate model file")
+        if data.get("version") != MODEL_VERSION:
+            raise ValueError(
+                f"{path} is a version {data.get('version')} surrogate model; this commgym "
+                f"reads version {MODEL_VERSION}: refit it with `commgym fit-surrogate`"
+            )
         return data["model"]
 
 
@@ -491,7 +558,28 @@ def step_time_mape(model: SurrogateModel, df: Any) -> float:
     return float(np.mean(np.abs(model.predict_step_time(df) - y) / y) * 100)
 
 
+def step_time_noise_floor(df: Any) -> float:
+    """MAPE, in %, of an oracle that knows each configuration's step-time distribution.
+
+    Predicts every transition's step time by the 1/t-weighted median (the MAPE-optimal
+    constant) of all transitions of the same configuration *in ``df`` itself*. No model
+    that sees only the configuration can do better on ``df``: the figure is the
+    run-to-run noise of the measurement, the floor for :func:`step_time_mape`.
+    """
+    df = df[df["step_time_s"].notna()]
+    err = []
+    for _, g in df.groupby("config"):
+        t = np.sort(g["step_time_s"].to_numpy(float))
+        w = np.cumsum(1.0 / t)
+        best = t[int(np.searchsorted(w, w[-1] / 2))]
+        err.extend(np.abs(best - t) / t)
+    return float(np.mean(err) * 100)
+
+
 # -- environment ----------------------------------------------------------------------
+_TIMING_SET = frozenset(TIMING)
+
+
 class SurrogateEnv(gym.Env):
     """``commgym/Surrogate-v0``: AllReduce-v0's interface, dynamics from a fitted model.
 
@@ -501,9 +589,11 @@ class SurrogateEnv(gym.Env):
     target-reached and divergence termination are those of
     :class:`~commgym.env.AllReduceEnv`; see its docstring for the tables and formulas.
 
-    Dynamics per decision, for flat action ``k`` and held-out-loss bucket ``b`` of the
-    current loss: ``y = table[b, k] + noise * r`` where ``r`` is one bootstrapped
-    out-of-fold residual row (pooled per sync period) of :class:`SurrogateModel`; step
+    Dynamics per decision, for flat action ``k`` held for ``h`` decisions in a row and
+    held-out-loss bucket ``b`` of the current loss: ``y = table[min(h, 4) - 1, b, k] +
+    noise * r`` where ``r`` takes its timing columns
+    from one bootstrapped out-of-fold residual row of the action's sync period and its
+    learning columns from one row of loss bucket ``b`` (:class:`SurrogateModel`); step
     time ``= prior[k] * exp(y_step)``, decision time ``= steps * prior[k] *
     exp(y_train)``, ``L_new = L * exp(-y_loss)``; divergence with the per-action
     frequency observed in the data. Deterministic given the seed.
@@ -575,6 +665,7 @@ class SurrogateEnv(gym.Env):
         self._edges_w = float(model.loss_edges[1] - model.loss_edges[0])
         self._nbins = len(model.loss_edges) - 1
         self._resid = [r.tolist() for r in model.residuals]
+        self._learn_resid = [r.tolist() for r in model.learning_residuals]
         # data were recorded with the model's K; scale time with the configured K
         self._steps = config.steps_per_decision
         self._samples = model.samples * config.steps_per_decision / max(model.steps_per_decision, 1)
@@ -592,6 +683,8 @@ class SurrogateEnv(gym.Env):
         init = self.model.initial_losses
         self._eval_loss = float(init[int(self._rng.integers(len(init)))])
         self._action = self.menu.default_action()
+        self._prev_k = -1
+        self._held = 0
         self._train_time_s = 0.0
         self._decisions = 0
         self._needs_reset = False
@@ -621,11 +714,18 @@ class SurrogateEnv(gym.Env):
         prev = self._eval_loss
         b = int((math.log(max(prev, 1e-8)) - self._edges_lo) / self._edges_w)
         b = 0 if b < 0 else (self._nbins - 1 if b >= self._nbins else b)
-        p = self._table[b][k]
+        self._held = self._held + 1 if k == self._prev_k else 1
+        self._prev_k = k
+        p = self._table[min(self._held, MAX_STREAK) - 1][b][k]
         pool = self._resid[i2]
-        r = pool[int(self._rng.random() * len(pool))]
+        r = pool[int(self._rng.random() * len(pool))]  # timing noise (per sync period)
+        pool = self._learn_resid[b]
+        r_learn = pool[int(self._rng.random() * len(pool))]  # learning noise (per loss bucket)
         s = self.noise
-        y = [pv + s * rv for pv, rv in zip(p, r, strict=True)]
+        y = [
+            pv + s * (rv if j in _TIMING_SET else rl)
+            for j, (pv, rv, rl) in enumerate(zip(p, r, r_learn, strict=True))
+        ]
         prior = self._prior[k]
         step_t = prior * math.exp(y[0])
         train_t = self._steps * prior * math.exp(y[1])

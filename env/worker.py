@@ -83,7 +83,7 @@ class RankRunner:
         else:
             self.opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
         self.sync = GradientSynchronizer(
-            model, CommConfig(**msg["config"]), seed=seed, error_every=0
+            model, CommConfig(**msg["config"]), seed=seed, error_every=0, optimizer=self.opt
         )
         data = wl.load_data()
         self.batch_size = int(msg.get("batch_size") or wl.default_batch_size)

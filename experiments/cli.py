@@ -194,7 +194,7 @@ def train_cmd(
         None, "--world-size", min=1, help="Number of ranks (default scenario: 2)."
     ),
     timesteps: int | None = typer.Option(
-        None, "--timesteps", min=1, help="Training decisions (default scenario: 320)."
+        None, "--timesteps", min=1, help="Training decisions (default scenario: 20000)."
     ),
     network: str | None = typer.Option(
         None,
@@ -209,7 +209,7 @@ def train_cmd(
         help="Training iterations per decision (default scenario: 10).",
     ),
     time_budget_s: float | None = typer.Option(
-        None, "--time-budget-s", help="Training seconds per episode (default scenario: 6)."
+        None, "--time-budget-s", help="Training seconds per episode (default scenario: 2)."
     ),
     episodes: int | None = typer.Option(
         None, "--episodes", min=1, help="Evaluation seeds per agent (default scenario: 3)."
@@ -225,7 +225,15 @@ def train_cmd(
         None, "--env", help="Learn on 'real' ranks or on the 'surrogate' (evaluation: real)."
     ),
     surrogate: str | None = typer.Option(
-        None, "--surrogate", help="Surrogate model file (with --env surrogate)."
+        None,
+        "--surrogate",
+        help="Surrogate model file (with --env surrogate; unset: collect and fit first).",
+    ),
+    surrogate_decisions: int | None = typer.Option(
+        None,
+        "--surrogate-decisions",
+        min=1,
+        help="Real decisions recorded to fit the surrogate (default scenario: 400).",
     ),
 ) -> None:
     """Train an agent on real all-reduce runs, save the policy, compare it with the baselines."""
@@ -245,6 +253,7 @@ def train_cmd(
                 output_dir=output_dir,
                 env_kind=env_kind,
                 surrogate=surrogate,
+                surrogate_decisions=surrogate_decisions,
                 env__workload=workload,
                 env__world_size=world_size,
                 env__network=network,
@@ -252,9 +261,9 @@ def train_cmd(
                 env__time_budget_s=time_budget_s,
             ),
         )
+        train(cfg)
     except (ValueError, FileNotFoundError) as err:
         _fail(err)
-    train(cfg)
 
 
 @app.command("evaluate")
@@ -413,33 +422,48 @@ def bench_surrogate_cmd(
 
 @app.command("collect")
 def collect_cmd(
-    workload: str = typer.Option("mlp-digits", "--workload", help="Workload name."),
-    world_size: int = typer.Option(2, "--world-size", min=1, help="Number of ranks."),
+    config: str | None = typer.Option(
+        None, "--config", help="Scenario whose env section is recorded (default: default)."
+    ),
+    workload: str | None = typer.Option(None, "--workload", help="Workload name."),
+    world_size: int | None = typer.Option(None, "--world-size", min=1, help="Number of ranks."),
     network: str | None = typer.Option(None, "--network", help="Emulated network spec."),
     decisions: int = typer.Option(200, "--decisions", min=1, help="Real decisions to record."),
-    policy: str = typer.Option("random", "--policy", help="Exploration policy: random, grid."),
-    steps_per_decision: int = typer.Option(10, "--steps-per-decision", min=1),
-    time_budget_s: float = typer.Option(6.0, "--time-budget-s"),
+    policy: str = typer.Option(
+        "sticky", "--policy", help="Exploration policy: sticky, random, grid."
+    ),
+    steps_per_decision: int | None = typer.Option(None, "--steps-per-decision", min=1),
+    time_budget_s: float | None = typer.Option(None, "--time-budget-s"),
     seed: int = typer.Option(0, "--seed"),
     out: str = typer.Option("commgym-out/transitions.csv", "--out", help="CSV or .parquet."),
     bench: bool = typer.Option(True, "--bench/--no-bench", help="Also time collectives."),
     fit: str | None = typer.Option(None, "--fit", help="Also fit a surrogate, save it here."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
 ) -> None:
-    """Record real decisions (dataset for the surrogate), logged as an MLflow run."""
+    """Record real decisions of a scenario (the surrogate's data), logged to MLflow."""
     from commgym.experiments.collect import collect, fit_surrogate
+    from commgym.experiments.config import load_run_config
 
     try:
+        cfg = load_run_config(
+            config or "default",
+            _overrides(
+                env__workload=workload,
+                env__world_size=world_size,
+                env__network=network,
+                env__steps_per_decision=steps_per_decision,
+                env__time_budget_s=time_budget_s,
+            ),
+        )
         res = collect(
-            workload=workload, world_size=world_size, network=network, decisions=decisions,
-            policy=policy, steps_per_decision=steps_per_decision, time_budget_s=time_budget_s,
-            seed=seed, out=out, bench=bench, tracking_uri=tracking_uri,
+            env_kwargs=cfg.env, decisions=decisions, policy=policy, seed=seed, out=out,
+            bench=bench, tracking_uri=tracking_uri,
         )  # fmt: skip
-    except (ValueError, RuntimeError) as err:
+    except (ValueError, RuntimeError, FileNotFoundError) as err:
         _fail(err)
     typer.echo(f"{res['decisions']} decisions in {res['seconds']:.1f} s -> {res['path']}")
     if fit:
-        fit_surrogate([res["path"]], fit, bench=res["bench_path"])
+        fit_surrogate([res["path"]], fit, bench=res["bench_path"], menu=cfg.env.get("action_menu"))
         typer.echo(f"surrogate saved to {fit}")
 
 
@@ -449,19 +473,28 @@ def fit_surrogate_cmd(
     out: str = typer.Option("commgym-out/surrogate.joblib", "--out", help="Model file."),
     bench: str | None = typer.Option(None, "--bench", help="Samples JSON of bench collectives."),
     holdout: str | None = typer.Option(None, "--holdout", help="Held-out transitions (MAPE)."),
+    config: str | None = typer.Option(
+        None, "--config", help="Scenario the data was collected with (its action menu)."
+    ),
 ) -> None:
     """Fit the surrogate (alpha-beta prior + gradient boosting) on recorded transitions."""
-    from commgym.env.surrogate import read_transitions, step_time_mape
+    from commgym.env.surrogate import read_transitions, step_time_mape, step_time_noise_floor
     from commgym.experiments.collect import fit_surrogate
+    from commgym.experiments.config import load_run_config
 
     try:
-        model = fit_surrogate([d.strip() for d in data.split(",") if d.strip()], out, bench=bench)
+        menu = load_run_config(config or "default").env.get("action_menu")
+        files = [d.strip() for d in data.split(",") if d.strip()]
+        model = fit_surrogate(files, out, bench=bench, menu=menu)
     except (ValueError, FileNotFoundError) as err:
         _fail(err)
     typer.echo(f"surrogate saved to {out}; residual std {model.residual_std}")
     if holdout:
+        held = read_transitions(holdout)
         typer.echo(
-            f"held-out step-time MAPE: {step_time_mape(model, read_transitions(holdout)):.1f}%"
+            f"held-out step-time MAPE: {step_time_mape(model, held):.1f}% (noise floor: "
+            f"{step_time_noise_floor(held):.1f}%, the held-out set's own per-configuration "
+            "weighted medians)"
         )
 
 

@@ -1,7 +1,10 @@
 """``commgym collect``: record real decisions for the surrogate, logged to MLflow.
 
-Runs ``commgym/AllReduce-v0`` under an exploration policy (``random``: uniform menu
-entries; ``grid``: every entry in turn, repeated), records every decision with
+Runs ``commgym/AllReduce-v0`` under an exploration policy (``sticky``: a uniform menu
+entry held for a geometric number of decisions, mean 4, so the data shows both fresh
+switches and configurations that ran long enough for error feedback and warm starts to
+settle, as a learned policy runs them; ``random``: a new uniform entry every decision;
+``grid``: every entry in turn, repeated), records every decision with
 :class:`~commgym.env.surrogate.TransitionRecorder`, optionally times all-reduce and
 all-gather on the same ranks (for the alpha-beta prior, :func:`bench_collectives`) and
 logs the dataset as an MLflow artifact.
@@ -18,7 +21,10 @@ import numpy as np
 
 __all__ = ["collect", "collect_transitions", "fit_surrogate"]
 
-POLICIES = ("random", "grid")
+POLICIES = ("sticky", "random", "grid")
+
+#: Mean number of decisions the ``sticky`` policy holds a configuration.
+STICKY_MEAN_DECISIONS = 4
 
 
 def collect_transitions(
@@ -30,7 +36,7 @@ def collect_transitions(
         env: an (unwrapped or wrapped) ``commgym/AllReduce-v0`` env; not closed here.
         path: CSV or ``.parquet`` output.
         decisions: number of decisions (episodes are reset as they end).
-        policy: ``"random"`` or ``"grid"``.
+        policy: ``"sticky"``, ``"random"`` or ``"grid"`` (see the module docstring).
         seed: seed of the first episode and of the random policy.
 
     Raises:
@@ -45,8 +51,14 @@ def collect_transitions(
     size = int(np.prod(nvec))
     rng = np.random.default_rng(seed)
     rec.reset(seed=seed)
+    flat, hold = 0, 0
     for i in range(decisions):
-        flat = int(rng.integers(size)) if policy == "random" else i % size
+        if policy == "grid":
+            flat = i % size
+        elif policy == "random" or hold == 0:
+            flat = int(rng.integers(size))
+            hold = int(rng.geometric(1.0 / STICKY_MEAN_DECISIONS))
+        hold -= 1
         a = np.array(np.unravel_index(flat, tuple(int(n) for n in nvec)), dtype=np.int64)
         _, _, term, trunc, _ = rec.step(a)
         if term or trunc:
@@ -78,13 +90,9 @@ def fit_surrogate(
 
 def collect(
     *,
-    workload: str = "mlp-digits",
-    world_size: int = 2,
-    network: str | None = None,
+    env_kwargs: dict[str, Any] | None = None,
     decisions: int = 200,
     policy: str = "random",
-    steps_per_decision: int = 10,
-    time_budget_s: float = 6.0,
     seed: int = 0,
     out: str | Path = "commgym-out/transitions.csv",
     bench: bool = True,
@@ -93,8 +101,25 @@ def collect(
 ) -> dict[str, Any]:
     """Collect a dataset on real ranks and log it as an MLflow run.
 
+    Args:
+        env_kwargs: ``EnvConfig`` fields of the scenario (``workload``, ``world_size``,
+            ``network``, ``steps_per_decision``, ``time_budget_s``, ``reward``,
+            ``target_loss``, ``action_menu``...); the scenario the surrogate will stand in
+            for, e.g. the ``env`` section of ``experiments/configs/default.yaml``.
+        decisions: real decisions to record (episodes restart as they end).
+        policy: exploration policy, ``"sticky"``, ``"random"`` or ``"grid"``.
+        seed: seed of the first episode and of the exploration policy.
+        out: transitions file (CSV, or Parquet for ``.parquet``).
+        bench: also time all-reduce / all-gather on the same ranks (alpha-beta prior),
+            written next to ``out`` as ``.bench.json``.
+        tracking_uri: MLflow tracking URI (default store when ``None``).
+        experiment: MLflow experiment name.
+
     Returns:
         ``{"path", "bench_path", "decisions", "seconds", "run_id"}``.
+
+    Raises:
+        ValueError: an invalid env field or exploration policy (before anything runs).
     """
     import gymnasium as gym
 
@@ -102,22 +127,17 @@ def collect(
     from commgym.env.surrogate import bench_collectives
     from commgym.experiments.tracking import Tracker, reproducibility_params
 
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; valid: {list(POLICIES)}")
     out = Path(out)
+    env_kwargs = {**(env_kwargs or {}), "seed": seed}
     tracker = Tracker(tracking_uri, experiment=experiment)
     params = {
-        "workload": workload, "world_size": world_size, "network": network,
-        "decisions": decisions, "policy": policy, "steps_per_decision": steps_per_decision,
-        "time_budget_s": time_budget_s, "seed": seed,
+        **{k: v for k, v in env_kwargs.items() if k != "action_menu"},
+        "decisions": decisions, "policy": policy,
     }  # fmt: skip
-    env = gym.make(
-        "commgym/AllReduce-v0",
-        workload=workload,
-        world_size=world_size,
-        network=network,
-        steps_per_decision=steps_per_decision,
-        time_budget_s=time_budget_s,
-        seed=seed,
-    )
+    world_size = int(env_kwargs.get("world_size", 2))
+    env = gym.make("commgym/AllReduce-v0", **env_kwargs)
     bench_path = None
     try:
         with tracker.start_run(

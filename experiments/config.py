@@ -36,7 +36,10 @@ class RunConfig:
         output_dir: folder for the policy, plots and CSVs.
         env_kind: where the agent learns: ``"real"`` (``commgym/AllReduce-v0``) or
             ``"surrogate"`` (``commgym/Surrogate-v0``; evaluation stays on real ranks).
-        surrogate: fitted surrogate model file (required with ``env_kind="surrogate"``).
+        surrogate: fitted surrogate model file for ``env_kind="surrogate"``; ``None``
+            collects ``surrogate_decisions`` real decisions of the scenario first (sticky
+            random exploration) and fits one into ``output_dir``.
+        surrogate_decisions: real decisions recorded when ``surrogate`` is ``None``.
     """
 
     agent: str = "ppo"
@@ -54,13 +57,12 @@ class RunConfig:
     output_dir: str = "commgym-out"
     env_kind: str = "real"
     surrogate: str | None = None
+    surrogate_decisions: int = 400
 
     def __post_init__(self) -> None:
         if self.env_kind not in ("real", "surrogate"):
             raise ValueError(f"env_kind must be 'real' or 'surrogate', got {self.env_kind!r}")
-        if self.env_kind == "surrogate" and not self.surrogate:
-            raise ValueError("env_kind 'surrogate' needs surrogate=<model file> (--surrogate)")
-        for name in ("timesteps", "episodes"):
+        for name in ("timesteps", "episodes", "surrogate_decisions"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")

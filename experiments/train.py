@@ -7,6 +7,7 @@ MLflow parent run; every evaluation episode is a nested child run (explicit
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -134,13 +135,15 @@ def _ci95(values: list[float]) -> tuple[float, float]:
 
 def _print_table(results: dict[str, list[EpisodeResult]], cfg: RunConfig) -> Table:
     budget = cfg.env.get("time_budget_s", "default")
+    target = cfg.env.get("target_loss")
+    goal = f", target held-out loss {target}" if target is not None else ""
     table = Table(
         title=f"{cfg.env.get('workload', 'mlp-digits')}, {cfg.env.get('world_size', 2)} ranks, "
-        f"{cfg.episodes} seeds, training budget {budget} s per episode (mean ± 95% CI)"
+        f"{cfg.episodes} seeds, training budget {budget} s per episode{goal} (mean ± 95% CI)"
     )
     for col in (
         "agent",
-        "progress in budget (return)",
+        _return_label(cfg),
         "final eval loss",
         "accuracy",
         "bytes/step",
@@ -212,10 +215,20 @@ def _compare(
                 results[name].append(res)
     comp = comparison_plot(
         {n: [e.episode_return for e in r] for n, r in results.items()},
-        "progress in budget (sum of log-loss decrease)",
+        _return_label(cfg),
         out / "comparison.png",
     )
     return results, comp
+
+
+def _return_label(cfg: RunConfig) -> str:
+    """What the episode return measures under the scenario's reward."""
+    reward = cfg.env.get("reward", "log_progress")
+    return {
+        "log_progress": "return: log-loss decrease in budget",
+        "time_to_target": "return: -time to target / budget",
+        "throughput": "return: samples/s/1000 summed",
+    }.get(reward, f"return ({reward})")
 
 
 def _slug(name: str) -> str:
@@ -238,25 +251,40 @@ def _announce(tracker: Any) -> None:
 
 
 def train(cfg: RunConfig) -> dict[str, list[EpisodeResult]]:
-    """Train ``cfg.agent`` on the real env, save the policy, compare it with the baselines.
+    """Train ``cfg.agent``, save the policy, compare it with the baselines on real ranks.
+
+    With ``cfg.env_kind == "surrogate"`` the agent learns on ``commgym/Surrogate-v0``
+    (fitted first from ``cfg.surrogate_decisions`` real decisions when ``cfg.surrogate``
+    is unset) and the sim-to-real gap is logged; evaluation always runs on real ranks.
 
     Returns:
         Evaluation results by agent name (the trained agent first).
+
+    Raises:
+        FileNotFoundError: ``cfg.surrogate`` names a file that does not exist.
     """
     from commgym.agents import make_agent
     from commgym.experiments.tracking import Tracker, TrackingWrapper
 
+    if cfg.env_kind == "surrogate" and cfg.surrogate and not Path(cfg.surrogate).is_file():
+        raise FileNotFoundError(
+            f"surrogate model {cfg.surrogate!r} not found: fit one with `commgym collect "
+            "--fit PATH`, or leave surrogate unset to collect real decisions and fit first"
+        )
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(cfg.tracking_uri, experiment=cfg.experiment)
     _announce(tracker)
     env = _make_env(cfg)
-    surrogate = _make_surrogate_env(cfg) if cfg.env_kind == "surrogate" else None
+    surrogate = None
     try:
         with tracker.start_run(f"train-{cfg.agent}", tags={"commgym.command": "train"}) as parent:
             (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             parent.log_artifact(out / "config.yaml")
             parent.log_text(" ".join(sys.argv), "command_line.txt")
+            if cfg.env_kind == "surrogate":
+                path = cfg.surrogate or _collect_and_fit(cfg, env, parent, out)
+                surrogate = _make_surrogate_env(cfg, path)
             learn_env = TrackingWrapper(surrogate if surrogate is not None else env, parent)
             agent = make_agent(cfg.agent, learn_env, seed=cfg.seed, **cfg.agent_kwargs)
             parent.log_params(
@@ -288,10 +316,42 @@ def train(cfg: RunConfig) -> dict[str, list[EpisodeResult]]:
     return results
 
 
-def _make_surrogate_env(cfg: RunConfig) -> gym.Env:
+def _make_surrogate_env(cfg: RunConfig, path: str | Path) -> gym.Env:
     import commgym.env  # noqa: F401 - registers the env
 
-    return gym.make("commgym/Surrogate-v0", model_path=cfg.surrogate, **cfg.env)
+    return gym.make("commgym/Surrogate-v0", model_path=str(path), **cfg.env)
+
+
+def _collect_and_fit(cfg: RunConfig, env: gym.Env, run: Any, out: Path) -> Path:
+    """Record ``cfg.surrogate_decisions`` real decisions, fit the surrogate; log both."""
+    from commgym.env.surrogate import bench_collectives
+    from commgym.experiments.collect import collect_transitions, fit_surrogate
+
+    console.print(
+        f"collecting {cfg.surrogate_decisions} real decisions for the surrogate "
+        "(sticky random exploration) ..."
+    )
+    t0 = time.perf_counter()
+    env.reset(seed=cfg.seed)
+    bench = None
+    if int(cfg.env.get("world_size", 2)) > 1:
+        bench = out / "transitions.bench.json"
+        bench.write_text(json.dumps(bench_collectives(env.unwrapped.cluster)))
+        run.log_artifact(bench)
+    data = collect_transitions(
+        env, out / "transitions.csv", cfg.surrogate_decisions, "sticky", cfg.seed
+    )
+    collect_s = time.perf_counter() - t0
+    path = out / "surrogate.joblib"
+    fit_surrogate([data], path, bench=bench, menu=cfg.env.get("action_menu"))
+    run.log_artifact(data)
+    run.log_artifact(path)
+    run.log_metrics({"surrogate/collect_s": collect_s}, step=0)
+    console.print(
+        f"recorded in {collect_s:.1f} s; surrogate fitted -> [bold]{path}[/bold] "
+        f"(fitted {time.perf_counter() - t0 - collect_s:.1f} s)"
+    )
+    return path
 
 
 def _sim_to_real(

@@ -572,6 +572,55 @@ def test_leaving_local_sgd_averages_first(dist2):
     assert all(dist2.run(rank_period_change))
 
 
+def rank_momentum_after_local_sgd(rank, world, attach, optim, via_consensus):
+    """H=4 for 6 steps, then H=1 for 5 steps; max |param difference| across ranks."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = mlp()
+    if optim == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sync = GradientSynchronizer(
+        model, CommConfig("none", sync_period=4), optimizer=opt if attach else None
+    )
+
+    def train(steps, offset):
+        for step in range(offset, offset + steps):
+            opt.zero_grad()
+            x, y = _batch(rank, step)  # different data on every rank
+            F.cross_entropy(model(x), y).backward()
+            sync.synchronize()
+            opt.step()
+            sync.after_optimizer_step()
+
+    train(6, 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if via_consensus:
+            cons = sync.consensus()
+            assert cons.averaged and cons.bytes_sent > 0
+        sync.reconfigure(CommConfig("none", sync_period=1))
+    train(5, 6)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    warned = any("optimizer" in str(w.message) for w in caught)
+    return max(float((g - gathered[0]).abs().max()) for g in gathered), warned
+
+
+@pytest.mark.parametrize("via_consensus", [True, False], ids=["consensus", "reconfigure"])
+@pytest.mark.parametrize("optim", ["sgd-momentum", "adam"])
+def test_optimizer_state_averaged_when_leaving_local_sgd(dist2, optim, via_consensus):
+    # rank-local momentum / Adam moments after local SGD: with the optimizer attached
+    # the replicas are bit-identical again under H=1; without it they drift apart
+    for diff, warned in dist2.run(rank_momentum_after_local_sgd, True, optim, via_consensus):
+        assert diff == 0.0 and not warned
+    for diff, warned in dist2.run(rank_momentum_after_local_sgd, False, optim, via_consensus):
+        assert diff > 1e-4 and warned
+
+
 # ---------------------------------------------------------------------------------
 def rank_stats_and_state(rank, world, spec):
     torch.manual_seed(0)

@@ -21,6 +21,7 @@ from commgym.env.surrogate import (
     benchmark_steps,
     read_transitions,
     step_time_mape,
+    step_time_noise_floor,
 )
 
 MENU = ActionMenu()
@@ -206,77 +207,122 @@ def test_transition_recorder_reads_info(tmp_path, suffix):
     assert {"obs_step_time_s", "step_time_s", "bytes_per_step", "reward"} <= set(df.columns)
 
 
+#: The default scenario of `commgym train` (experiments/configs/default.yaml).
+SCENARIO = {
+    "workload": "mlp-digits", "world_size": 2, "steps_per_decision": 10, "time_budget_s": 2.0,
+    "reward": "time_to_target", "target_loss": 0.2,
+}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def real_datasets(tmp_path_factory):
-    """Two small real datasets (2 ranks, K=5, 60 decisions each, different seeds)."""
+def real_env():
+    env = gym.make("commgym/AllReduce-v0", **SCENARIO)
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def real_datasets(real_env, tmp_path_factory):
+    """Real decisions of the default scenario: 400 to fit, 200 held out (another seed)."""
     from commgym.env.surrogate import bench_collectives
     from commgym.experiments.collect import collect_transitions
 
     tmp = tmp_path_factory.mktemp("real")
-    env = gym.make(
-        "commgym/AllReduce-v0",
-        workload="mlp-digits",
-        world_size=2,
-        steps_per_decision=5,
-        time_budget_s=6.0,
-    )
-    try:
-        t0 = time.perf_counter()
-        env.reset(seed=0)
-        samples = bench_collectives(env.unwrapped.cluster)
-        a = collect_transitions(env, tmp / "a.csv", 60, "random", seed=1)
-        b = collect_transitions(env, tmp / "b.csv", 60, "random", seed=2)
-        print(f"collected 2 x 60 real decisions in {time.perf_counter() - t0:.1f} s")
-    finally:
-        env.close()
+    t0 = time.perf_counter()
+    real_env.reset(seed=0)
+    samples = bench_collectives(real_env.unwrapped.cluster)
+    a = collect_transitions(real_env, tmp / "a.csv", 400, "sticky", seed=1)
+    b = collect_transitions(real_env, tmp / "b.csv", 200, "sticky", seed=2)
+    print(f"collected 400 + 200 real decisions in {time.perf_counter() - t0:.1f} s")
     return samples, read_transitions(a), read_transitions(b)
 
 
-def _real_mape(real_datasets) -> float:
-    samples, a, b = real_datasets
+@pytest.fixture(scope="module")
+def real_model(real_datasets, tmp_path_factory):
+    samples, a, _ = real_datasets
     model = SurrogateModel(MENU, alpha_beta=AlphaBeta.fit(samples)).fit(a)
-    mape = step_time_mape(model, b)
-    print(f"real held-out step-time MAPE (60 decisions, K=5): {mape:.1f}%")
-    return mape
+    return model, model.save(tmp_path_factory.mktemp("model") / "s.joblib")
 
 
-def test_real_held_out_mape_loose(real_datasets):
-    # measured 22-32 % here: with 60 decisions at K=5 the run-to-run noise of the
-    # median step time on 2 shared CPU cores is ~13-18 % (group medians fitted on the
-    # held-out set itself), so this guards against regressions only
-    assert _real_mape(real_datasets) <= 45.0
+def _real_mape(real_datasets, real_model) -> tuple[float, float]:
+    _, _, b = real_datasets
+    mape, floor = step_time_mape(real_model[0], b), step_time_noise_floor(b)
+    print(
+        f"real held-out step-time MAPE {mape:.1f}% (noise floor of the held-out set {floor:.1f}%)"
+    )
+    return mape, floor
+
+
+def test_real_held_out_mape_near_noise_floor(real_datasets, real_model):
+    # the floor is what an oracle knowing the held-out set's own per-configuration step-time
+    # distributions scores (9-19 % measured on this shared 2-core VM); the rest of the error
+    # is the machine's speed drifting between the two collections (medians move 10-20 %
+    # from minute to minute), which a model of the configuration cannot know: measured
+    # excess 5-9 points
+    mape, floor = _real_mape(real_datasets, real_model)
+    assert mape <= floor + 12.0
 
 
 @pytest.mark.expensive
-def test_real_held_out_mape_target(real_datasets):
-    # the issue's target (<= 15 %); not met on a 2-core machine with this little data
-    assert _real_mape(real_datasets) <= 15.0
+def test_real_held_out_mape_target(real_datasets, real_model):
+    # the issue's target (<= 15 %); below the measurement noise of many held-out sets here
+    assert _real_mape(real_datasets, real_model)[0] <= 15.0
 
 
-@pytest.mark.expensive
-def test_ppo_on_surrogate_beats_random_on_real(tmp_path):
-    """PPO learns on a surrogate fitted to 400 real decisions; compared on real ranks.
+def test_surrogate_dynamics_track_real_static_runs(real_model):
+    """Static configurations reach the target on the surrogate, in a plausible time.
 
-    Measured once (2 CPU cores): PPO 2.50 +- 0.16 vs random 2.61 +- 0.20 (3 seeds) --
-    not met; the surrogate over-predicts late progress (sim-to-real gap +0.26).
+    On real ranks every menu entry reaches held-out loss 0.2 in 0.19-1.0 s of training
+    (within the 2 s budget).
+    The surrogate is fitted to 400 exploration decisions (about 9 per entry); entries whose
+    progress near the target it under-predicts (measured: top-k at H=1) may stall, so at
+    least 80 % of the entries must reach it.
     """
+    _, path = real_model
+    env = SurrogateEnv(path, **SCENARIO)
+    stalled = []
+    for flat in range(MENU.size):
+        a = np.array(np.unravel_index(flat, tuple(int(n) for n in MENU.nvec)))
+        times = []
+        for seed in range(3):
+            env.reset(seed=seed)
+            done, info = False, {}
+            while not done:
+                _, _, term, trunc, info = env.step(a)
+                done = term or trunc
+            times.append(info["train_time_s"] if info["reason"] == "target_reached" else None)
+        reached = [t for t in times if t is not None]
+        if len(reached) < 2:
+            stalled.append(str(MENU.decode(a)))
+            continue
+        # not faster than the fastest real entry can be (0.19 s measured)
+        assert float(np.median(reached)) > 0.05, (str(MENU.decode(a)), times)
+    print(f"stalled on the surrogate: {stalled}")
+    assert len(stalled) <= 0.2 * MENU.size, stalled
+
+
+def test_ppo_on_surrogate_beats_random_on_real(real_env, real_model):
+    """PPO learns only on the surrogate, then runs on real ranks against ``random``."""
     from commgym.agents import make_agent
-    from commgym.experiments.collect import collect_transitions, fit_surrogate
     from commgym.experiments.train import run_episode
 
-    kw = {"workload": "mlp-digits", "world_size": 2, "steps_per_decision": 10, "time_budget_s": 6.0}
-    real = gym.make("commgym/AllReduce-v0", **kw)
-    try:
-        collect_transitions(real, tmp_path / "t.csv", 400, "random", seed=0)
-        fit_surrogate([tmp_path / "t.csv"], tmp_path / "s.joblib")
-        sim = gym.make("commgym/Surrogate-v0", model_path=str(tmp_path / "s.joblib"), **kw)
-        ppo = make_agent("ppo", sim, seed=0, n_steps=256, batch_size=64, n_epochs=4)
-        ppo.learn(20000)
-        rnd = make_agent("random", real, seed=0)
-        seeds = range(1000, 1003)
-        r_ppo = np.mean([run_episode(real, ppo, s, "ppo", None).episode_return for s in seeds])
-        r_rnd = np.mean([run_episode(real, rnd, s, "random", None).episode_return for s in seeds])
-    finally:
-        real.close()
-    print(f"real return: ppo (surrogate-trained) {r_ppo:.3f}, random {r_rnd:.3f}")
-    assert r_ppo > r_rnd
+    _, path = real_model
+    sim = gym.make("commgym/Surrogate-v0", model_path=str(path), **SCENARIO)
+    t0 = time.perf_counter()
+    ppo = make_agent("ppo", sim, seed=0, n_steps=256, batch_size=64, n_epochs=4).learn(20000)
+    learn_s = time.perf_counter() - t0
+    rnd = make_agent("random", real_env, seed=0)
+    seeds = range(1000, 1004)
+    res = {
+        name: [run_episode(real_env, agent, s, name, SCENARIO["target_loss"]) for s in seeds]
+        for name, agent in (("ppo", ppo), ("random", rnd))
+    }
+    sim_ret = np.mean([run_episode(sim, ppo, s, "ppo", None).episode_return for s in seeds])
+    ret = {k: float(np.mean([e.episode_return for e in v])) for k, v in res.items()}
+    ttt = {k: [e.time_to_target_s for e in v] for k, v in res.items()}
+    print(
+        f"PPO learned 20,000 surrogate decisions in {learn_s:.1f} s; real return "
+        f"ppo {ret['ppo']:.3f} vs random {ret['random']:.3f}; time to target ppo {ttt['ppo']}, "
+        f"random {ttt['random']}; surrogate return of ppo {sim_ret:.3f}"
+    )
+    assert ret["ppo"] > ret["random"]

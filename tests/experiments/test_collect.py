@@ -68,10 +68,48 @@ def test_train_on_surrogate_evaluates_on_real_ranks(collected):
     assert parent.data.params["env_kind"] == "surrogate"
 
 
+def test_train_collects_and_fits_the_surrogate_first(tmp_path):
+    """No surrogate file: real decisions are recorded, fitted, logged, then PPO learns."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    out = _run(
+        [
+            "train", "--config", "smoke", "--env", "surrogate", "--surrogate-decisions", "30",
+            "--tracking-uri", uri, "--output-dir", str(tmp_path / "out"), "--episodes", "1",
+        ],
+        tmp_path,
+    )  # fmt: skip
+    assert "collecting 30 real decisions" in out and "sim-to-real gap" in out
+    assert (tmp_path / "out" / "surrogate.joblib").exists()
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("commgym-smoke")
+    (parent,) = [
+        r
+        for r in client.search_runs([exp.experiment_id])
+        if r.data.tags.get("commgym.command") == "train"
+    ]
+    names = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"transitions.csv", "surrogate.joblib", "transitions.bench.json"} <= names
+    assert "sim2real/gap" in parent.data.metrics
+
+
 def test_config_env_kind_validation():
     with pytest.raises(ValueError, match="env_kind"):
         load_run_config("smoke", {"env_kind": "sim"})
-    with pytest.raises(ValueError, match="surrogate"):
-        load_run_config("smoke", {"env_kind": "surrogate"})
+    cfg = load_run_config("smoke", {"env_kind": "surrogate"})
+    assert cfg.surrogate is None and cfg.surrogate_decisions == 400  # collect and fit first
     cfg = load_run_config("surrogate")
     assert cfg.env_kind == "surrogate" and cfg.surrogate
+    assert load_run_config("real").env_kind == "real"
+    with pytest.raises(ValueError, match="surrogate_decisions"):
+        load_run_config("default", {"surrogate_decisions": 0})
+
+
+def test_train_with_missing_surrogate_file_fails_clearly(tmp_path):
+    from tests.experiments.cli_helpers import cli
+
+    proc = cli(
+        ["train", "--config", "surrogate", "--surrogate", str(tmp_path / "none.joblib")],
+        tmp_path,
+    )
+    assert proc.returncode == 2 and "not found" in proc.stderr
+    assert "commgym collect" in proc.stderr and not (tmp_path / "mlflow.db").exists()
