@@ -5,7 +5,7 @@ averaging, a DDP communication-hook adapter and the compression kernels. This pa
 depends only on torch (never on gymnasium, stable-baselines3 or MLflow).
 """
 
-from commgym.collectives.averaging import PeriodicAverager
+from commgym.collectives.averaging import PeriodicAverager, average_optimizer_state
 from commgym.collectives.bucketing import BucketPlan
 from commgym.collectives.compressors import BucketLayout, Compressor, make_compressor
 from commgym.collectives.config import CommConfig
@@ -33,6 +33,7 @@ __all__ = [
     "ResidualMemory",
     "StepStats",
     "WorkerFailed",
+    "average_optimizer_state",
     "ddp_comm_hook",
     "make_compressor",
 ]

@@ -140,7 +140,7 @@ class TransitionRecorder(gym.Wrapper):
         self.episode += 1
         self._obs = np.asarray(obs, dtype=np.float64)
         self._prev_loss = float(info.get("eval_loss", math.nan))
-        self._prev_action: tuple[int, ...] | None = None
+        self._prev_action = None
         self._held = 0
         self._seed = info.get("episode_seed")
         self._num_params = info.get("num_params", self._num_params)

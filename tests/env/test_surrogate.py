@@ -103,6 +103,9 @@ def test_save_load_roundtrip(model, tmp_path):
     joblib.dump({"x": 1}, tmp_path / "bad.joblib")
     with pytest.raises(ValueError, match="not a commgym surrogate"):
         SurrogateModel.load(tmp_path / "bad.joblib")
+    joblib.dump({"format": "commgym-surrogate", "version": 1, "model": model}, tmp_path / "v1")
+    with pytest.raises(ValueError, match=r"version 1 .*refit"):
+        SurrogateModel.load(tmp_path / "v1")
 
 
 def test_same_spaces_as_real_env_and_gymnasium_contract(model, tmp_path):
@@ -204,6 +207,7 @@ def test_transition_recorder_reads_info(tmp_path, suffix):
     assert len(df) == 3
     assert list(df["prev_eval_loss"]) == pytest.approx([2.0, 1.9, 1.8])
     assert df["a_period"].tolist() == [2, 2, 2] and df["sync_period"].tolist() == [4, 4, 4]
+    assert df["held"].tolist() == [1, 2, 3]  # the same configuration three times in a row
     assert {"obs_step_time_s", "step_time_s", "bytes_per_step", "reward"} <= set(df.columns)
 
 
