@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,6 +124,7 @@ class Cluster:
         self._conns: list[Connection] = []
         self.hello: list[dict[str, Any]] = []
         self._log_path: Path | None = None
+        self._scratch: Path | None = None
         self._last_log = ""
         self._alive = False
 
@@ -168,13 +170,16 @@ class Cluster:
         host, port = self._listener.address
         _LIVE.add(self)
         if self.launch:
-            fd, log = tempfile.mkstemp(prefix="commgym-cluster-", suffix=".log")
-            os.close(fd)
-            self._log_path = Path(log)
+            # one scratch folder per launch: the launcher log and torchrun's own temp files
+            # (TMPDIR), removed on kill()
+            self._scratch = Path(tempfile.mkdtemp(prefix="commgym-cluster-"))
+            log = self._scratch / "torchrun.log"
+            self._log_path = log
             env = dict(os.environ)
             env.update(self.extra_env)
             env.update(
                 {
+                    "TMPDIR": str(self._scratch),
                     "COMMGYM_AUTHKEY": self._authkey.hex(),
                     "COMMGYM_BACKEND": self.backend,
                     "COMMGYM_TIMEOUT_S": repr(self.timeout_s),
@@ -373,11 +378,13 @@ class Cluster:
                 self._listener.close()
             self._listener = None
         if self._log_path is not None:
-            # keep the end of the log in memory (failure messages quote it), drop the file
+            # keep the end of the log in memory (failure messages quote it), drop the files
             with contextlib.suppress(OSError):
                 self._last_log = self._log_path.read_text(errors="replace")[-_LOG_KEEP_CHARS:]
-                self._log_path.unlink()
             self._log_path = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
         _LIVE.discard(self)
 
     def log_text(self) -> str:

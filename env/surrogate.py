@@ -535,12 +535,20 @@ class SurrogateModel:
         """Load a model saved by :meth:`save` (a pickle: only load trusted files).
 
         Raises:
-            ValueError: the file is not a commgym surrogate model, or one of another
-                layout version (refit it).
+            FileNotFoundError: ``path`` does not exist.
+            ValueError: the file is not a commgym surrogate model (or not a joblib file
+                at all), or one of another layout version (refit it).
         """
         import joblib
 
-        data = joblib.load(Path(path))
+        try:
+            data = joblib.load(Path(path))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # not a pickle/joblib file at all
+            raise ValueError(
+                f"{path} is not a commgym surrogate model file ({type(exc).__name__}: {exc})"
+            ) from None
         if not isinstance(data, dict) or data.get("format") != "commgym-surrogate":
             raise ValueError(f"{path} is not a commgym surrogate model file")
         if data.get("version") != MODEL_VERSION:

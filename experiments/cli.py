@@ -488,7 +488,8 @@ def fit_surrogate_cmd(
         model = fit_surrogate(files, out, bench=bench, menu=menu)
     except (ValueError, FileNotFoundError) as err:
         _fail(err)
-    typer.echo(f"surrogate saved to {out}; residual std {model.residual_std}")
+    spread = ", ".join(f"{k} {v:.3f}" for k, v in model.residual_std.items())
+    typer.echo(f"surrogate saved to {out}\nout-of-fold residual std: {spread}")
     if holdout:
         held = read_transitions(holdout)
         typer.echo(

@@ -262,15 +262,20 @@ def train(cfg: RunConfig) -> dict[str, list[EpisodeResult]]:
 
     Raises:
         FileNotFoundError: ``cfg.surrogate`` names a file that does not exist.
+        ValueError: ``cfg.surrogate`` is not a surrogate model file of this version.
     """
     from commgym.agents import make_agent
     from commgym.experiments.tracking import Tracker, TrackingWrapper
 
-    if cfg.env_kind == "surrogate" and cfg.surrogate and not Path(cfg.surrogate).is_file():
-        raise FileNotFoundError(
-            f"surrogate model {cfg.surrogate!r} not found: fit one with `commgym collect "
-            "--fit PATH`, or leave surrogate unset to collect real decisions and fit first"
-        )
+    if cfg.env_kind == "surrogate" and cfg.surrogate:
+        if not Path(cfg.surrogate).is_file():
+            raise FileNotFoundError(
+                f"surrogate model {cfg.surrogate!r} not found: fit one with `commgym collect "
+                "--fit PATH`, or leave surrogate unset to collect real decisions and fit first"
+            )
+        from commgym.env.surrogate import SurrogateModel
+
+        SurrogateModel.load(cfg.surrogate)  # a wrong file fails here, before ranks start
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(cfg.tracking_uri, experiment=cfg.experiment)

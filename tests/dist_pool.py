@@ -54,6 +54,7 @@ class DistPool:
         fd, init_file = tempfile.mkstemp(prefix="commgym-test-pg-")
         os.close(fd)
         os.unlink(init_file)
+        self._init_file = init_file
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(self.world_size)]
         self._procs = [
@@ -108,3 +109,6 @@ class DistPool:
                 p.kill()
                 p.join(timeout=5)
         self._procs = []
+        init_file = getattr(self, "_init_file", None)
+        if init_file and os.path.exists(init_file):  # gloo's FileStore re-creates it
+            os.unlink(init_file)

@@ -106,6 +106,9 @@ def test_save_load_roundtrip(model, tmp_path):
     joblib.dump({"format": "commgym-surrogate", "version": 1, "model": model}, tmp_path / "v1")
     with pytest.raises(ValueError, match=r"version 1 .*refit"):
         SurrogateModel.load(tmp_path / "v1")
+    (tmp_path / "text.joblib").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    with pytest.raises(ValueError, match="not a commgym surrogate"):
+        SurrogateModel.load(tmp_path / "text.joblib")
 
 
 def test_same_spaces_as_real_env_and_gymnasium_contract(model, tmp_path):

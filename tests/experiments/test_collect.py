@@ -113,3 +113,11 @@ def test_train_with_missing_surrogate_file_fails_clearly(tmp_path):
     )
     assert proc.returncode == 2 and "not found" in proc.stderr
     assert "commgym collect" in proc.stderr and not (tmp_path / "mlflow.db").exists()
+    (tmp_path / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    for args in (
+        ["train", "--config", "surrogate", "--surrogate", str(tmp_path / "passwd")],
+        ["bench", "surrogate", "--surrogate", str(tmp_path / "passwd")],
+    ):
+        proc = cli(args, tmp_path)
+        assert proc.returncode == 2 and "not a commgym surrogate" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and not (tmp_path / "mlflow.db").exists()
