@@ -294,7 +294,8 @@ def run_sync_benchmark(
             world_size, out, steps=steps, warmup=warmup, bucket_mb=bucket_mb,
             model=model, compressors=specs, rounds=rounds,
         )  # fmt: skip
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        # TMPDIR: torchrun's own temp folders go away with ours
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TMPDIR=tmp)
         console.print(
             f"[dim]launching {world_size} ranks: {' '.join(cmd[1:5])} ... "
             f"(timeout {timeout_s:.0f} s)[/dim]"

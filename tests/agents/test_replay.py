@@ -139,7 +139,7 @@ def test_unknown_agent_name_is_refused():
 
 # -- the example script under torchrun -----------------------------------------------------
 def _torchrun(policy: Path, out: Path, steps: int = 40) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
+    env = dict(os.environ, TMPDIR=str(out.parent))  # torchrun's temp folders land there
     env.pop("MLFLOW_TRACKING_URI", None)
     cmd = [
         sys.executable,
