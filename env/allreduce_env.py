@@ -191,7 +191,10 @@ class AllReduceEnv(gym.Env):
 
     * ``log_progress`` (default): ``log(L_prev) - log(L_now)``. Episodes are truncated at
       ``time_budget_s`` of training time, so a faster configuration fits more progress
-      into the same budget, and one that stops learning earns ~0 per decision.
+      into the same budget, and one that stops learning earns ~0 per decision. Only while
+      the held-out loss still falls: once a workload overfits inside the budget (the
+      digits MLP does after ~1 s) the return rewards slow configurations; use
+      ``time_to_target`` there (the shipped scenarios do).
     * ``time_to_target``: ``-dt / time_budget_s`` (``dt`` = decision's training time);
       terminated when ``L <= target_loss``.
     * ``throughput``: samples per second / 1000. A naive objective that ignores
