@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import importlib
 import math
 import os
@@ -332,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         conn.close()
     # every rank got "close": meet before tearing gloo down (a rank that destroys the group
     # while a peer is still in its last reply can abort in gloo's thread teardown)
+    runner = handlers = None  # free model, synchronizer and buffers while gloo is alive
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
     return 0
