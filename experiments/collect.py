@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["collect", "collect_transitions", "fit_surrogate"]
+__all__ = ["collect", "collect_transitions", "fit_surrogate", "record_dataset"]
 
 POLICIES = ("sticky", "random", "grid")
 
@@ -64,6 +64,49 @@ def collect_transitions(
         if term or trunc:
             rec.reset()
     return rec.flush()
+
+
+def record_dataset(
+    env: Any,
+    out: str | Path,
+    decisions: int,
+    policy: str = "sticky",
+    seed: int = 0,
+    bench: bool = True,
+    run: Any = None,
+) -> tuple[Path, Path | None, float]:
+    """Time the collectives (prior), then record decisions, on an open real env.
+
+    Args:
+        env: a ``commgym/AllReduce-v0`` env (possibly wrapped); not closed here.
+        out: transitions file; the collective timings go next to it as ``.bench.json``.
+        decisions: real decisions to record.
+        policy: exploration policy (:data:`POLICIES`).
+        seed: seed of the first episode and of the exploration policy.
+        bench: time all-reduce / all-gather first (skipped for one rank).
+        run: a ``RunLogger`` to log both files and ``collect/*`` metrics to, or ``None``.
+
+    Returns:
+        ``(transitions path, bench path or None, seconds)``.
+    """
+    from commgym.env.surrogate import bench_collectives
+
+    out = Path(out)
+    t0 = time.perf_counter()
+    env.reset(seed=seed)
+    bench_path = None
+    if bench and env.unwrapped.config.world_size > 1:
+        bench_path = out.with_suffix(".bench.json")
+        bench_path.parent.mkdir(parents=True, exist_ok=True)
+        bench_path.write_text(json.dumps(bench_collectives(env.unwrapped.cluster)))
+    path = collect_transitions(env, out, decisions, policy, seed)
+    secs = time.perf_counter() - t0
+    if run is not None:
+        for f in (bench_path, path):
+            if f is not None:
+                run.log_artifact(f)
+        run.log_metrics({"collect/decisions": decisions, "collect/seconds": secs}, step=0)
+    return path, bench_path, secs
 
 
 def fit_surrogate(
@@ -124,7 +167,6 @@ def collect(
     import gymnasium as gym
 
     import commgym.env  # noqa: F401 - registers the env
-    from commgym.env.surrogate import bench_collectives
     from commgym.experiments.tracking import Tracker, reproducibility_params
 
     if policy not in POLICIES:
@@ -136,26 +178,13 @@ def collect(
         **{k: v for k, v in env_kwargs.items() if k != "action_menu"},
         "decisions": decisions, "policy": policy,
     }  # fmt: skip
-    world_size = int(env_kwargs.get("world_size", 2))
     env = gym.make("commgym/AllReduce-v0", **env_kwargs)
-    bench_path = None
     try:
         with tracker.start_run(
             f"collect-{policy}", params={**params, **reproducibility_params()},
             tags={"commgym.command": "collect"},
         ) as run:  # fmt: skip
-            t0 = time.perf_counter()
-            env.reset(seed=seed)
-            if bench and world_size > 1:
-                samples = bench_collectives(env.unwrapped.cluster)
-                bench_path = out.with_suffix(".bench.json")
-                bench_path.parent.mkdir(parents=True, exist_ok=True)
-                bench_path.write_text(json.dumps(samples))
-                run.log_artifact(bench_path)
-            path = collect_transitions(env, out, decisions, policy, seed)
-            secs = time.perf_counter() - t0
-            run.log_artifact(path)
-            run.log_metrics({"collect/decisions": decisions, "collect/seconds": secs}, step=0)
+            path, bench_path, secs = record_dataset(env, out, decisions, policy, seed, bench, run)
     finally:
         env.close()
     return {

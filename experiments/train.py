@@ -7,7 +7,6 @@ MLflow parent run; every evaluation episode is a nested child run (explicit
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -329,32 +328,22 @@ def _make_surrogate_env(cfg: RunConfig, path: str | Path) -> gym.Env:
 
 def _collect_and_fit(cfg: RunConfig, env: gym.Env, run: Any, out: Path) -> Path:
     """Record ``cfg.surrogate_decisions`` real decisions, fit the surrogate; log both."""
-    from commgym.env.surrogate import bench_collectives
-    from commgym.experiments.collect import collect_transitions, fit_surrogate
+    from commgym.experiments.collect import fit_surrogate, record_dataset
 
     console.print(
         f"collecting {cfg.surrogate_decisions} real decisions for the surrogate "
         "(sticky random exploration) ..."
     )
-    t0 = time.perf_counter()
-    env.reset(seed=cfg.seed)
-    bench = None
-    if int(cfg.env.get("world_size", 2)) > 1:
-        bench = out / "transitions.bench.json"
-        bench.write_text(json.dumps(bench_collectives(env.unwrapped.cluster)))
-        run.log_artifact(bench)
-    data = collect_transitions(
-        env, out / "transitions.csv", cfg.surrogate_decisions, "sticky", cfg.seed
+    data, bench, collect_s = record_dataset(
+        env, out / "transitions.csv", cfg.surrogate_decisions, "sticky", cfg.seed, run=run
     )
-    collect_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
     path = out / "surrogate.joblib"
     fit_surrogate([data], path, bench=bench, menu=cfg.env.get("action_menu"))
-    run.log_artifact(data)
     run.log_artifact(path)
-    run.log_metrics({"surrogate/collect_s": collect_s}, step=0)
     console.print(
         f"recorded in {collect_s:.1f} s; surrogate fitted -> [bold]{path}[/bold] "
-        f"(fitted {time.perf_counter() - t0 - collect_s:.1f} s)"
+        f"(fitted {time.perf_counter() - t0:.1f} s)"
     )
     return path
 
