@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 
 from commgym.collectives.compressors import BucketLayout, Compressor, make_compressor
+from commgym.collectives.exchange import all_gather_flat
 from commgym.collectives.residual import ResidualMemory
 from commgym.collectives.spec import CompressionSpec
-from commgym.collectives.synchronizer import all_gather_flat
 
 __all__ = ["DDPHookState", "ddp_comm_hook"]
 

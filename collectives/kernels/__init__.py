@@ -45,6 +45,7 @@ __all__ = [
     "seed_mix",
     "topk_ef",
     "topk_k",
+    "warmup",
 ]
 
 
@@ -91,6 +92,25 @@ def backend_for(t: torch.Tensor, *others: torch.Tensor | None) -> ModuleType:
         if mod is not None and mod.supports(t, *others):
             return mod
     return reference
+
+
+@functools.cache
+def warmup(device_type: str = "cpu") -> float:
+    """Compile the kernels this process will use on ``device_type``, once per process.
+
+    JIT compilation (numba on CPU; first use costs ~10 s, later processes load the machine
+    code from numba's on-disk cache) must never land inside a measured step, so the
+    synchronizer calls this at construction.
+
+    Args:
+        device_type: ``"cpu"`` or ``"cuda"`` (Triton compiles at first launch; nothing
+            is done for it here).
+
+    Returns:
+        Seconds spent (0 when there is nothing to compile).
+    """
+    mod = _cpu_module() if device_type == "cpu" else None
+    return mod.warmup() if mod is not None else 0.0
 
 
 def quantize_ef(x, residual, bits, **kw):  # noqa: D103 - documented in reference
