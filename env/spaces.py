@@ -198,7 +198,7 @@ OBSERVATION_FIELDS: tuple[ObservationField, ...] = (
         "achieved: bytes sent * 8 / time waiting on communication",
     ),
     ObservationField(
-        "train_loss", "nats", 0.0, 1e4, "mean training loss over the decision (rank 0)"
+        "train_loss", "nats", 0.0, 1e4, "mean training loss over the decision (all ranks)"
     ),
     ObservationField("eval_loss", "nats", 0.0, 1e4, "held-out loss of the consensus model"),
     ObservationField(

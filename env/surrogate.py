@@ -43,6 +43,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from commgym.collectives.spec import COMPRESSORS, CompressionSpec
 from commgym.env.spaces import (
     OBSERVATION_FIELDS,
     REWARDS,
@@ -305,8 +306,8 @@ def bench_collectives(
 
 
 def _summable(spec: str) -> bool:
-    # sparse payloads (indices + values) cannot be summed: they are all-gathered
-    return not spec.startswith(("topk", "randomk"))
+    # the compressor class declares whether its payloads are all-reduced or all-gathered
+    return COMPRESSORS[CompressionSpec.parse(spec).method].summable
 
 
 # -- learned model --------------------------------------------------------------------
