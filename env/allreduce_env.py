@@ -51,7 +51,7 @@ class EnvConfig:
             ranks then run in their own network namespaces, one torchrun agent each,
             with ``tc``-shaped links). ``None``: unshaped loopback. A spec or profile
             string (``"1gbit"``, ``"100mbit:5ms"``, ``"ethernet-1g"``, see
-            ``commgym.env.netem``); a schedule ``[[elapsed_training_s, spec], ...]``
+            ``commgym.env.net``); a schedule ``[[elapsed_training_s, spec], ...]``
             applied while the episode runs; or ``{"profiles": [...]}`` for a seeded
             random profile per episode.
         network_strict: without the kernel's netem qdisc, delay/jitter/loss raise (True)
@@ -247,7 +247,7 @@ class AllReduceEnv(gym.Env):
         self._net: Any = None
         self._net_spec: Any = None
         if cfg._network is not None:
-            from commgym.env.netem import netem_available
+            from commgym.env.net import netem_available
 
             ok, why = netem_available()
             if not ok:
@@ -267,7 +267,7 @@ class AllReduceEnv(gym.Env):
                 self._cluster.kill()
             cfg = self.config
             if cfg._network is not None and self._net is None:
-                from commgym.env.netem import EmulatedNetwork
+                from commgym.env.net import EmulatedNetwork
 
                 self._net_spec = self._initial_spec(cfg.seed)
                 self._net = EmulatedNetwork(
@@ -291,7 +291,7 @@ class AllReduceEnv(gym.Env):
             return value
         if kind == "schedule":
             return value.spec_at(0.0)
-        from commgym.env.netem import choose_profile
+        from commgym.env.net import choose_profile
 
         return choose_profile(value, episode_seed)
 
@@ -302,7 +302,7 @@ class AllReduceEnv(gym.Env):
 
     @property
     def network(self) -> Any:
-        """The :class:`~commgym.env.netem.EmulatedNetwork` (None when unshaped)."""
+        """The :class:`~commgym.env.net.EmulatedNetwork` (None when unshaped)."""
         return self._net
 
     @property
@@ -445,7 +445,7 @@ def _parse_network(network: Any) -> tuple[str, Any] | None:
     """Validate the ``network`` option: ``(kind, value)`` with kind fixed/schedule/profiles."""
     if network is None:
         return None
-    from commgym.env.netem import NetworkSchedule, NetworkSpec
+    from commgym.env.net import NetworkSchedule, NetworkSpec
 
     if isinstance(network, str):
         return "fixed", NetworkSpec.parse(network)

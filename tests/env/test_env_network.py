@@ -9,7 +9,7 @@ import pytest
 
 from commgym.env import AllReduceEnv
 from commgym.env.cluster import Cluster
-from commgym.env.netem import EmulatedNetwork, netem_available
+from commgym.env.net import EmulatedNetwork, netem_available
 
 ok, why = netem_available()
 pytestmark = pytest.mark.skipif(not ok, reason=f"network emulation unavailable here: {why}")
