@@ -236,6 +236,12 @@ SCENARIO = {
 }  # fmt: skip
 
 
+# Collecting 600 real decisions and fitting takes 2-3 min on an idle 2-core machine and
+# several times that next to other CPU-heavy jobs: whichever test first needs the real
+# fixtures gets a longer timeout.
+REAL_DATA_TIMEOUT = pytest.mark.timeout(1800)
+
+
 @pytest.fixture(scope="module")
 def real_env():
     env = gym.make("commgym/AllReduce-v0", **SCENARIO)
@@ -275,6 +281,7 @@ def _real_mape(real_datasets, real_model) -> tuple[float, float]:
     return mape, floor
 
 
+@REAL_DATA_TIMEOUT
 def test_real_fit_reproduces_recorded_bytes_and_predicts_positive_times(real_datasets, real_model):
     # machine-independent facts of a fit on real decisions: byte counts per configuration
     # are deterministic, so the model's table equals every held-out record of a
@@ -317,6 +324,7 @@ def test_real_held_out_mape_target(real_datasets, real_model):
     assert _real_mape(real_datasets, real_model)[0] <= 15.0
 
 
+@REAL_DATA_TIMEOUT
 def test_surrogate_dynamics_track_real_static_runs(real_model):
     """Static configurations reach the target on the surrogate, in a plausible time.
 
@@ -359,6 +367,7 @@ def _ppo_on_surrogate(real_model):
     return sim, ppo, time.perf_counter() - t0
 
 
+@REAL_DATA_TIMEOUT
 def test_ppo_learned_on_surrogate_runs_on_real(real_env, real_model):
     """PPO learns only on the surrogate, beats ``random`` there, then runs on real ranks.
 
