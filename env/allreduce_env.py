@@ -14,14 +14,8 @@ from gymnasium import spaces
 
 from commgym.collectives.errors import CommgymError
 from commgym.env.cluster import Cluster
-from commgym.env.spaces import (
-    REWARDS,
-    ActionMenu,
-    ObservationBuilder,
-    aggregate_measurements,
-    decision_outcome,
-)
-from commgym.env.spaces import combine_eval as _combine_eval
+from commgym.env.measure import DecisionMeasurement, combine_eval, decision_info
+from commgym.env.spaces import REWARDS, ActionMenu, ObservationBuilder, decision_outcome
 
 __all__ = ["RESET_TIMEOUT_S", "AllReduceEnv", "EnvConfig", "FlattenAction"]
 
@@ -341,7 +335,7 @@ class AllReduceEnv(gym.Env):
         r0 = replies[0]
         self._num_params = int(r0["num_params"])
         self._obs.num_params = self._num_params
-        eval_loss, eval_acc = _combine_eval(replies)
+        eval_loss, eval_acc = combine_eval(replies)
         self._eval_loss = eval_loss
         self._train_time_s = 0.0
         self._decisions = 0
@@ -388,40 +382,43 @@ class AllReduceEnv(gym.Env):
                 {"failure": str(err), "reason": "failure", "env_step_s": time.perf_counter() - t0}
             )
             return self._last_obs, 0.0, True, False, info
-        m = self._aggregate(replies)
+        measured = DecisionMeasurement.from_ranks(replies)
+        m = measured.to_dict()
         m["env_step_s"] = time.perf_counter() - t0
         self._decisions += 1
-        self._train_time_s += m["train_time_s"]
+        self._train_time_s += measured.train_time_s
         elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)
         prev = self._eval_loss
-        obs = self._obs.build(m, a, elapsed)
+        obs = self._obs.build(measured, a, elapsed)
         self._action = a
-        diverged = bool(m["nonfinite"]) or not math.isfinite(m["eval_loss"])
+        diverged = measured.nonfinite or not math.isfinite(measured.eval_loss)
         reward, terminated, truncated, reason = decision_outcome(
             cfg,
             self._reward,
             prev_eval_loss=prev,
-            eval_loss=m["eval_loss"],
-            dt_s=m["train_time_s"],
-            samples=int(m["samples"]),
+            eval_loss=measured.eval_loss,
+            dt_s=measured.train_time_s,
+            samples=measured.samples,
             diverged=diverged,
             train_time_s=self._train_time_s,
             decisions=self._decisions,
         )
         if not diverged:
-            self._eval_loss = m["eval_loss"]
+            self._eval_loss = measured.eval_loss
         if terminated or truncated:
             self._needs_reset = True
         self._last_obs = obs
         info.update(
-            {
-                "measured": m,
-                "reason": reason,
-                "train_time_s": self._train_time_s,
-                "elapsed_frac": elapsed,
-                "decision": self._decisions,
-                "diverged": diverged,
-            }
+            decision_info(
+                config=info["config"],
+                action=info["action"],
+                measured=m,
+                reason=reason,
+                train_time_s=self._train_time_s,
+                elapsed_frac=elapsed,
+                decision=self._decisions,
+                diverged=diverged,
+            )
         )
         return obs, float(reward), terminated, truncated, info
 
@@ -434,11 +431,6 @@ class AllReduceEnv(gym.Env):
             self._net = None
             self._net_spec = None
         self._needs_reset = True
-
-    # -- helpers ------------------------------------------------------------------------
-    @staticmethod
-    def _aggregate(replies: list[dict[str, Any]]) -> dict[str, Any]:
-        return aggregate_measurements(replies)
 
 
 def _parse_network(network: Any) -> tuple[str, Any] | None:

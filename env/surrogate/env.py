@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from commgym.env.measure import DecisionMeasurement, decision_info
 from commgym.env.spaces import (
     REWARDS,
     ObservationBuilder,
@@ -26,7 +27,7 @@ class SurrogateEnv(gym.Env):
     """``commgym/Surrogate-v0``: AllReduce-v0's interface, dynamics from a fitted model.
 
     Observation and action spaces, observation construction (:class:`ObservationBuilder`
-    from measurement dicts shaped like ``aggregate_measurements``'s output), reward
+    from :class:`~commgym.env.measure.DecisionMeasurement` records, as the real env), reward
     functions (``REWARDS``), ``info`` keys, time-budget / ``max_decisions`` truncation,
     target-reached and divergence termination are those of
     :class:`~commgym.env.AllReduceEnv`; see its docstring for the tables and formulas.
@@ -175,32 +176,32 @@ class SurrogateEnv(gym.Env):
         diverged = self._rng.random() < self._p_div[k]
         eval_loss = float("nan") if diverged else max(prev * math.exp(-y[3]), 1e-8)
         comm_s = min(max(y[8], 0.0), 1.0) * train_t
-        m = {
-            "train_time_s": train_t,
-            "step_time_s": step_t,
-            "iter_mean_s": train_t / self._steps,
-            "compute_s": self.model.compute_s,
-            "comm_wait_s": min(max(y[6], 0.0), 1.0) * step_t,
-            "compress_s": max(y[7], 0.0) * step_t,
-            "comm_s": comm_s,
-            "bytes_per_step": bytes_ps,
-            "bytes_total": bytes_ps * self._steps,
-            "train_loss": prev * math.exp(y[4]),
-            "eval_loss": eval_loss,
-            "eval_acc": min(max(y[10], 0.0), 1.0),
-            "eval_s": 0.0,
-            "grad_norm": 10.0 ** y[5],
-            "compression_error": max(y[9], 0.0),
-            "nonfinite": diverged,
-            "samples": int(self._samples),
-            "steps": self._steps,
-            "bucket_bytes": [],
-            "env_step_s": 0.0,
-        }
+        measured = DecisionMeasurement(
+            train_time_s=train_t,
+            step_time_s=step_t,
+            iter_mean_s=train_t / self._steps,
+            compute_s=self.model.compute_s,
+            comm_wait_s=min(max(y[6], 0.0), 1.0) * step_t,
+            compress_s=max(y[7], 0.0) * step_t,
+            comm_s=comm_s,
+            bytes_per_step=bytes_ps,
+            bytes_total=bytes_ps * self._steps,
+            train_loss=prev * math.exp(y[4]),
+            eval_loss=eval_loss,
+            eval_acc=min(max(y[10], 0.0), 1.0),
+            eval_s=0.0,
+            grad_norm=10.0 ** y[5],
+            compression_error=max(y[9], 0.0),
+            nonfinite=diverged,
+            samples=int(self._samples),
+            steps=self._steps,
+        )
+        m = measured.to_dict()
+        m["env_step_s"] = 0.0
         self._decisions += 1
         self._train_time_s += train_t
         elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)
-        obs = self._obs.build(m, a, elapsed)
+        obs = self._obs.build(measured, a, elapsed)
         self._action = a
         reward, terminated, truncated, reason = decision_outcome(
             cfg,
@@ -218,16 +219,16 @@ class SurrogateEnv(gym.Env):
         if terminated or truncated:
             self._needs_reset = True
         self._last_obs = obs
-        info = {
-            "config": self._configs[k],
-            "action": dict(self._actions[k]),
-            "measured": m,
-            "reason": reason,
-            "train_time_s": self._train_time_s,
-            "elapsed_frac": elapsed,
-            "decision": self._decisions,
-            "diverged": diverged,
-        }
+        info = decision_info(
+            config=self._configs[k],
+            action=dict(self._actions[k]),
+            measured=m,
+            reason=reason,
+            train_time_s=self._train_time_s,
+            elapsed_frac=elapsed,
+            decision=self._decisions,
+            diverged=diverged,
+        )
         return obs, float(reward), terminated, truncated, info
 
     def close(self) -> None:  # noqa: D102

@@ -11,16 +11,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from commgym.env.measure import DECISION_FIELDS
 from commgym.env.spaces import (
     OBSERVATION_FIELDS,
 )
 
-#: ``info["measured"]`` keys copied into every transition row.
-MEASURED_KEYS = (
-    "train_time_s", "step_time_s", "iter_mean_s", "compute_s", "comm_wait_s", "compress_s",
-    "comm_s", "bytes_per_step", "bytes_total", "train_loss", "eval_loss", "eval_acc",
-    "eval_s", "grad_norm", "compression_error", "nonfinite", "samples", "steps",
-)  # fmt: skip
+#: ``info["measured"]`` keys copied into every transition row: the scalar fields of
+#: :class:`~commgym.env.measure.DecisionMeasurement`.
+MEASURED_KEYS: tuple[str, ...] = tuple(k for k in DECISION_FIELDS if k != "bucket_bytes")
 
 
 class TransitionRecorder(gym.Wrapper):
