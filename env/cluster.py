@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from commgym.collectives.errors import CollectiveTimeout, WorkerFailed
 
 if TYPE_CHECKING:  # pragma: no cover
-    from commgym.env.netem import EmulatedNetwork
+    from commgym.env.net import EmulatedNetwork
 
 __all__ = ["Cluster"]
 
@@ -73,7 +73,7 @@ class Cluster:
         control_host: address the control listener binds to (loopback by default).
         start_timeout_s: deadline for all ranks to connect.
         extra_env: environment variables added for the ranks.
-        network: an :class:`~commgym.env.netem.EmulatedNetwork`: rank ``k`` runs in the
+        network: an :class:`~commgym.env.net.EmulatedNetwork`: rank ``k`` runs in the
             network namespace ``k`` as its own torchrun agent (``--nnodes W --node-rank
             k``, c10d rendezvous at rank 0's address), i.e. the multi-node code path over
             shaped links; the control listener binds to the bridge address.

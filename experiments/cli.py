@@ -158,7 +158,7 @@ app.add_typer(netem_app, name="netem")
 @netem_app.command("cleanup")
 def netem_cleanup() -> None:
     """Remove leftover namespaces/links of commgym networks whose owner process is gone."""
-    from commgym.env.netem import cleanup_leftovers
+    from commgym.env.net import cleanup_leftovers
 
     removed = cleanup_leftovers()
     typer.echo(

@@ -9,7 +9,7 @@ import pytest
 
 from commgym.env import AllReduceEnv
 from commgym.env.cluster import Cluster
-from commgym.env.netem import EmulatedNetwork, netem_available
+from commgym.env.net import EmulatedNetwork, netem_available
 
 ok, why = netem_available()
 pytestmark = pytest.mark.skipif(not ok, reason=f"network emulation unavailable here: {why}")
@@ -44,23 +44,54 @@ def test_shaped_env_trains_and_bandwidth_reflects_shaping():
     assert name not in _names(), "namespaces/veths/bridge must be gone after close()"
 
 
-def test_schedule_change_mid_episode_shows_in_bandwidth():
+def _run_schedule(env, max_steps=40):
+    """Steps until three decisions ran on the second profile; one row per decision."""
+    env.reset(seed=0)
+    rows, start_s = [], 0.0
+    while len(rows) < max_steps:
+        obs, _, _, _, info = env.step(env.menu.default_action())
+        qdisc = " ".join(env.network.qdiscs(0))
+        rows.append({"start_s": start_s, "obs": obs, "info": info, "qdisc": qdisc})
+        start_s = info["train_time_s"]
+        if sum(r["info"]["network"] == "100mbit" for r in rows) >= 3:
+            break
+    return rows
+
+
+def test_schedule_switches_the_applied_rate_mid_episode():
+    # What the schedule does, independent of the machine's speed: the profile in force is
+    # chosen by the training time at the start of each decision, tc carries that rate on
+    # the links, and the bandwidth observation is the recorded bytes over the recorded
+    # communication time.
     env = AllReduceEnv(**BASE, network=[[0, "1gbit"], [0.3, "100mbit"]])
     try:
-        env.reset(seed=0)
-        bws, nets = [], []
-        while len(bws) < 40:
-            obs, _, _, _, info = env.step(env.menu.default_action())
-            bws.append(float(obs[BW]))
-            nets.append(info["network"])
-            if nets[-1] == "100mbit" and nets.count("100mbit") >= 3:
-                break
-        fast = [b for b, n in zip(bws, nets, strict=True) if n == "1gbit"]
-        slow = [b for b, n in zip(bws, nets, strict=True) if n == "100mbit"]
-        assert fast and len(slow) >= 3, nets
-        assert np.median(fast) > 3 * np.median(slow), (fast, slow)
+        rows = _run_schedule(env)
     finally:
         env.close()
+    nets = [r["info"]["network"] for r in rows]
+    assert nets[0] == "1gbit" and nets.count("100mbit") == 3, nets
+    for r in rows:
+        expected = "1gbit" if r["start_s"] < 0.3 else "100mbit"
+        assert r["info"]["network"] == expected, (r["start_s"], r["info"]["network"])
+        assert f"rate {'1Gbit' if expected == '1gbit' else '100Mbit'}" in r["qdisc"], r["qdisc"]
+        m = r["info"]["measured"]
+        assert m["bytes_total"] > 0 and m["comm_s"] > 0, m
+        assert r["obs"][BW] == pytest.approx(m["bytes_total"] * 8 / m["comm_s"] / 1e9, rel=1e-5)
+
+
+@pytest.mark.expensive
+def test_schedule_change_mid_episode_shows_in_bandwidth():
+    # speed figure: the achieved bandwidth follows the schedule; needs an otherwise idle
+    # machine (next to other CPU-heavy jobs the ratio measured 1.07-1.1)
+    env = AllReduceEnv(**BASE, network=[[0, "1gbit"], [0.3, "100mbit"]])
+    try:
+        rows = _run_schedule(env)
+    finally:
+        env.close()
+    fast = [float(r["obs"][BW]) for r in rows if r["info"]["network"] == "1gbit"]
+    slow = [float(r["obs"][BW]) for r in rows if r["info"]["network"] == "100mbit"]
+    assert fast and len(slow) >= 3
+    assert np.median(fast) > 3 * np.median(slow), (fast, slow)
 
 
 def test_two_rank_allreduce_matches_ring_model():
