@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # third-party distributions each package may import (the standard library is always allowed)
 ALLOWED = {
-    # torch only; triton is the optional GPU kernel backend behind collectives.kernels
-    "collectives": {"torch", "triton"},
+    # torch only, plus the kernel backends behind collectives.kernels: triton (GPU) and
+    # numba/llvmlite with numpy arrays (fused CPU kernels)
+    "collectives": {"torch", "triton", "numba", "llvmlite", "numpy"},
     # never stable-baselines3 or MLflow: the env must run without the agent/tracking stack
     "env": {"torch", "numpy", "gymnasium", "sklearn", "scipy", "joblib", "pyarrow", "pandas"},
 }
