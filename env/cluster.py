@@ -206,21 +206,9 @@ class Cluster:
                         )
                     )
                 else:
-                    net = self.network
-                    rdzv = f"{net.ns_address(0)}:{_RDZV_PORT}"
-                    for k in range(self.world_size):
-                        cmd = [
-                            *net.exec_prefix(k), sys.executable, "-m", "torch.distributed.run",
-                            "--nnodes", str(self.world_size), "--nproc-per-node", "1",
-                            "--node-rank", str(k), "--rdzv-backend", "c10d",
-                            "--rdzv-endpoint", rdzv, "--rdzv-id", net.name,
-                            # rank 0's agent hosts the store (its address lives in a
-                            # namespace, which torch's local-address check cannot see)
-                            "--rdzv-conf", f"is_host={int(k == 0)}",
-                            "--local-addr", net.ns_address(k),
-                            "--max-restarts", "0", "--monitor-interval", "0.2", *worker,
-                        ]  # fmt: skip
-                        env_k = dict(env, GLOO_SOCKET_IFNAME=net.interfaces(k)[1])
+                    for cmd, env_k in self.network.torchrun_commands(
+                        worker, env, rdzv_port=_RDZV_PORT
+                    ):
                         self._procs.append(
                             subprocess.Popen(
                                 cmd,

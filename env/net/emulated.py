@@ -7,6 +7,7 @@ import json
 import math
 import os
 import secrets
+import sys
 import time
 import warnings
 import weakref
@@ -158,6 +159,36 @@ class EmulatedNetwork:
         """Returns the argv prefix that runs a command inside rank ``rank``'s namespace."""
         self._check_rank(rank)
         return ["ip", "netns", "exec", self.namespaces[rank]]
+
+    def torchrun_commands(
+        self, worker: list[str], env: dict[str, str], *, rdzv_port: int = 29400
+    ) -> list[tuple[list[str], dict[str, str]]]:
+        """One torchrun agent per namespace: the multi-node launch on one machine.
+
+        Args:
+            worker: what torchrun runs, e.g. ``["-m", "commgym.env.worker", ...]``.
+            env: the agents' environment (each gets ``GLOO_SOCKET_IFNAME`` added).
+            rdzv_port: c10d rendezvous port on rank 0's namespace address.
+
+        Returns:
+            Per rank ``(argv, env)`` for ``subprocess.Popen``.
+        """
+        rdzv = f"{self.ns_address(0)}:{rdzv_port}"
+        out = []
+        for k in range(self.world_size):
+            cmd = [
+                *self.exec_prefix(k), sys.executable, "-m", "torch.distributed.run",
+                "--nnodes", str(self.world_size), "--nproc-per-node", "1",
+                "--node-rank", str(k), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", rdzv, "--rdzv-id", self.name,
+                # rank 0's agent hosts the store (its address lives in a namespace,
+                # which torch's local-address check cannot see)
+                "--rdzv-conf", f"is_host={int(k == 0)}",
+                "--local-addr", self.ns_address(k),
+                "--max-restarts", "0", "--monitor-interval", "0.2", *worker,
+            ]  # fmt: skip
+            out.append((cmd, dict(env, GLOO_SOCKET_IFNAME=self.interfaces(k)[1])))
+        return out
 
     def interfaces(self, rank: int) -> tuple[str, str]:
         """Returns ``(bridge_side_veth, namespace_side_veth)`` names of rank ``rank``."""
