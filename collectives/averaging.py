@@ -231,6 +231,15 @@ class _DeltaAveraging:
             for p, view in zip(self.plan.params, self.plan.views, strict=True):
                 view.copy_(p)
         self.anchor = [buf.clone() for buf in self.plan.buffers]
+        # per parameter, the anchor's view with the same layout as the plan's view
+        self.anchor_views = [
+            self.anchor[b].as_strided(
+                view.shape,
+                view.stride(),
+                view.storage_offset() - self.plan.buffers[b].storage_offset(),
+            )
+            for b, view in zip(self.plan.bucket_of, self.plan.views, strict=True)
+        ]
 
     def load_anchor(self, anchor: list[torch.Tensor]) -> None:
         if len(anchor) != len(self.anchor) or any(
@@ -275,12 +284,10 @@ class _DeltaAveraging:
                     inflight[b] = (next_works, next_gathered, ctx)
                 else:
                     decode(comp, gathered, ctx, plan.buffers[b], world)
-        for b, idxs in enumerate(plan.buckets):
-            anchor = self.anchor[b]
-            anchor.add_(plan.buffers[b])
-            for i, off in zip(idxs, plan.offsets[b], strict=True):
-                p = plan.params[i]
-                p.copy_(anchor[off : off + p.numel()].view_as(p))
+        for anchor, change in zip(self.anchor, plan.buffers, strict=True):
+            anchor.add_(change)
+        for p, view in zip(plan.params, self.anchor_views, strict=True):
+            p.copy_(view)
         return nbytes
 
 
