@@ -555,6 +555,11 @@ class GradientSynchronizer:
                 "call synchronize() after every backward, or run all but the last "
                 "micro-batch's backward inside `with sync.no_sync():` to accumulate"
             )
+        if not st.started:
+            # launch buckets holding parameters unused in this backward at its end
+            torch.autograd.Variable._execution_engine.queue_callback(
+                functools.partial(self._launch_rest, in_hook=True)
+            )
         st.started = True
         st.ready[index] = True
         plan = self.plan
@@ -573,6 +578,30 @@ class GradientSynchronizer:
         st.pending[b] -= 1
         if st.pending[b] == 0:
             self._launch_ready()
+
+    @torch.no_grad()
+    def _launch_rest(self, *, in_hook: bool) -> None:
+        """Launch every bucket not launched yet; parameters without a gradient send zeros.
+
+        Runs at the end of backward (an autograd engine callback), so every rank issues
+        all bucket collectives before any collective the user issues after backward,
+        whichever parameters it left unused.
+        """
+        st = self._state
+        plan = self.plan
+        for b in range(st.next_launch, len(plan)):
+            for i in plan.buckets[b]:
+                if not st.ready[i]:
+                    p, view = self.params[i], plan.views[i]
+                    if st.used[i] and p.grad is not None:  # accumulated under no_sync()
+                        if not _is_view_of(p.grad, view):
+                            view.copy_(p.grad)
+                    else:
+                        view.zero_()
+                    st.ready[i] = True
+            st.pending[b] = 0
+            self._launch(b, in_hook=in_hook)
+        st.next_launch = len(plan)
 
     def _launch_ready(self) -> None:
         st = self._state
@@ -723,21 +752,7 @@ class GradientSynchronizer:
 
         misuse = self._misuse()
         comp = self.compressor
-        # Buckets not launched by hooks (unused parameters, gradients accumulated under
-        # no_sync() only, or no backward at all).
-        for b in range(st.next_launch, len(plan)):
-            for i in plan.buckets[b]:
-                if not st.ready[i]:
-                    p, view = self.params[i], plan.views[i]
-                    if st.used[i] and p.grad is not None:
-                        if not _is_view_of(p.grad, view):
-                            view.copy_(p.grad)
-                    else:
-                        view.zero_()
-                    st.ready[i] = True
-            st.pending[b] = 0
-            self._launch(b, in_hook=False)
-        st.next_launch = len(plan)
+        self._launch_rest(in_hook=False)  # only when no backward ran on this rank
         # one control all-reduce: [non-finite count, used count per parameter]
         ctl = torch.tensor([0, *st.used], dtype=torch.int32, device=self._ctl_device)
         if st.nonfinite_local is not None:
