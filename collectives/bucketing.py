@@ -85,7 +85,7 @@ class BucketPlan:
             off = 0
             for i in idxs:
                 p = self.params[i]
-                self.views[i] = buf[off : off + p.numel()].view(p.shape)
+                self.views[i] = _view_like(buf, off, p)
                 self.bucket_of[i] = b
                 offs.append(off)
                 off += p.numel()
@@ -137,3 +137,16 @@ class BucketPlan:
             list(params), limits, [False] * len(params)
         )
         return [list(b) for b in reversed(buckets)]
+
+
+def _view_like(buf: torch.Tensor, offset: int, param: torch.Tensor) -> torch.Tensor:
+    """A view of ``buf[offset:]`` shaped like ``param`` with ``param``'s strides.
+
+    As DDP's reducer lays out its buckets: a dense non-overlapping parameter (a
+    transposed weight, channels-last) keeps its memory order in the bucket, so the
+    gradient it receives (same strides, the layout contract) can alias the view and
+    the bucket holds the same elements at the same positions as DDP's.
+    """
+    if torch.empty_like(param, device="meta").stride() == param.stride():
+        return buf.as_strided(param.shape, param.stride(), buf.storage_offset() + offset)
+    return buf[offset : offset + param.numel()].view(param.shape)

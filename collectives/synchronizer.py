@@ -1015,9 +1015,13 @@ def _is_view_of(t: torch.Tensor, view: torch.Tensor) -> bool:
 
 
 def _can_alias(param: torch.Tensor, grad: torch.Tensor) -> bool:
-    # A bucket view may stand in for .grad only where the parameter is contiguous
+    # A bucket view may stand in for .grad only where it has the parameter's strides
     # (the gradient layout contract) and lives on the same device/dtype.
-    return param.is_contiguous() and param.dtype == grad.dtype and param.device == grad.device
+    return (
+        param.stride() == grad.stride()
+        and param.dtype == grad.dtype
+        and param.device == grad.device
+    )
 
 
 def _norm(tensors: list[torch.Tensor]) -> float:

@@ -75,6 +75,13 @@ def _local_grads(model: torch.nn.Module, x, y) -> list[torch.Tensor]:
     ]
 
 
+def _memory_order(g: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``g``'s elements flattened in ``param``'s memory order."""
+    out = torch.empty_like(param)
+    out.copy_(g)
+    return out.as_strided((out.numel(),), (1,))
+
+
 def _mean(grads: list[torch.Tensor], world: int) -> list[torch.Tensor]:
     out = []
     for g in grads:
@@ -100,14 +107,17 @@ def rank_lossless(rank, world, model_kind, bucket_mb):
         # exact plain all-reduce of g / W over the same flat bucket (gloo's ring sums
         # element-wise in an order that depends on the position in the buffer)
         local = _local_grads(twin, x, y)
+        params = list(twin.parameters())
         pre = [None] * len(local)
         for idxs in sync.plan.buckets:
-            flat = torch.cat([local[i].reshape(-1) * (1.0 / world) for i in idxs])
+            # in each parameter's memory order, as DDP's buckets (a transposed weight too)
+            flat = torch.cat([_memory_order(local[i], params[i]) * (1.0 / world) for i in idxs])
             dist.all_reduce(flat)
             off = 0
             for i in idxs:
-                pre[i] = flat[off : off + local[i].numel()].view(local[i].shape)
-                off += local[i].numel()
+                p = params[i]
+                pre[i] = flat[off : off + p.numel()].as_strided(p.shape, p.stride())
+                off += p.numel()
         model.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         launched_in_backward = sync._state.next_launch
