@@ -132,7 +132,7 @@ class BucketPlan:
     ) -> list[list[int]]:
         if not params:
             return []
-        limits = [int(math.ceil(first_bucket_bytes)), int(math.ceil(bucket_bytes))]
+        limits = [math.ceil(first_bucket_bytes), math.ceil(bucket_bytes)]
         buckets, _ = dist._compute_bucket_assignment_by_size(
             list(params), limits, [False] * len(params)
         )

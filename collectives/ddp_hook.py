@@ -128,7 +128,9 @@ class DDPHookState:
         for other in self.residuals.keys():
             if other == name:
                 continue
-            old = self.residuals.get(other, like)
+            old = self.residuals.lookup(other)
+            if old is None:
+                continue
             moved, off = False, 0
             for i, n in zip(*_parse(other), strict=True):
                 if i in where:
