@@ -38,10 +38,13 @@ class CyclePolicy(StepAgent):
         return np.array(CYCLE[n % len(CYCLE)], dtype=np.int64), n + 1
 
 
-def _build(rank):
+def _build(rank, wrapper="ddp"):
     torch.manual_seed(0)
     model = BNNet()
-    ddp = DDP(model, bucket_cap_mb=0.0005)  # several buckets, rebuilt after iteration 1
+    if wrapper == "ddp":
+        ddp = DDP(model, bucket_cap_mb=0.0005)  # several buckets, rebuilt after iteration 1
+    else:  # CommScheduler wraps the plain module with a GradientSynchronizer
+        ddp = model
     opt = torch.optim.AdamW(ddp.parameters(), lr=0.02, weight_decay=0.01)
     policy = CyclePolicy(_LayoutEnv(ActionMenu()))
     with warnings.catch_warnings():
@@ -68,21 +71,22 @@ def _flat(model):
     return torch.cat([t.detach().double().reshape(-1) for t in model.state_dict().values()])
 
 
-def rank_ddp_resume(rank, world, stop_at, total):
-    model, ddp, opt, sched = _build(rank)
+def rank_ddp_resume(rank, world, stop_at, total, wrapper="ddp"):
+    model, ddp, opt, sched = _build(rank, wrapper)
     _train(rank, ddp, opt, sched, range(total))
     sched.close()
     configs = [r.config for r in sched.records]
     reference = _flat(model)
-    buckets = sched.sync.state.layouts  # the DDP buckets the hook saw (after the rebuild)
+    # the DDP buckets the hook saw (after the rebuild)
+    buckets = sched.sync.state.layouts if wrapper == "ddp" else [0, 1]
 
-    model, ddp, opt, sched = _build(rank)
+    model, ddp, opt, sched = _build(rank, wrapper)
     _train(rank, ddp, opt, sched, range(stop_at))
     ckpt = copy.deepcopy(
         {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}
     )  # this rank's checkpoint (saved per rank)
     del model, ddp, opt, sched
-    model, ddp, opt, sched = _build(rank)  # a fresh job: new DDP wrapper, pre-rebuild buckets
+    model, ddp, opt, sched = _build(rank, wrapper)  # a fresh job: new DDP wrapper, pre-rebuild buckets
     model.load_state_dict(ckpt["model"])
     opt.load_state_dict(ckpt["opt"])
     sched.load_state_dict(ckpt["sched"])
@@ -108,6 +112,14 @@ def test_policy_switches_inside_ddp_and_resume_is_bit_identical(dist2, stop_at):
     for r in dist2.run(rank_ddp_resume, stop_at, 8):
         assert len(r["buckets"]) > 1, r["buckets"]  # DDP had several buckets
         assert len(set(r["configs"])) >= 3, r["configs"]  # the policy switched compression
+        assert r["resumed_configs"] == r["configs"]
+        assert r["ranks_identical"], "replicas differ across ranks"
+        assert r["bit_identical"], f"resume deviates by {r['max_diff']}"
+
+
+def test_scheduler_resume_is_bit_identical_without_ddp(dist2):
+    for r in dist2.run(rank_ddp_resume, 5, 8, "sync"):
+        assert len(set(r["configs"])) >= 3, r["configs"]
         assert r["resumed_configs"] == r["configs"]
         assert r["ranks_identical"], "replicas differ across ranks"
         assert r["bit_identical"], f"resume deviates by {r['max_diff']}"

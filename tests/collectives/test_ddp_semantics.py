@@ -103,7 +103,9 @@ def rank_vs_ddp(rank, world, mode):
         if mode == "clip":  # on the synchronised gradient, as DDP users clip after backward
             torch.nn.utils.clip_grad_norm_(ours.parameters(), 0.05)
             torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
-        grads = [_same(a.grad, b.grad) for a, b in zip(ours.parameters(), ref.parameters())]
+        grads = [
+            _same(a.grad, b.grad) for a, b in zip(ours.parameters(), ref.parameters(), strict=True)
+        ]
         opt_a.step()
         sync.after_optimizer_step()
         opt_b.step()
@@ -124,7 +126,9 @@ def rank_vs_ddp(rank, world, mode):
                 "branch_grad_none": ours.branch.weight.grad is None,
                 "state_dict": all(
                     torch.equal(a, b)
-                    for a, b in zip(ours.state_dict().values(), ref.state_dict().values())
+                    for a, b in zip(
+                        ours.state_dict().values(), ref.state_dict().values(), strict=True
+                    )
                 ),
                 "optimizer": state_a.keys() == state_b.keys()
                 and all(_same(state_a[k][n], state_b[k][n]) for k in state_a for n in state_a[k]),
