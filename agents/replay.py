@@ -91,6 +91,7 @@ __all__ = [
     "EXCHANGED_FIELDS",
     "CommScheduler",
     "DecisionRecord",
+    "is_policy_file",
     "policy_mismatch",
     "resolve_policy",
 ]
@@ -119,6 +120,15 @@ EXCHANGED_FIELDS: tuple[str, ...] = (
     "samples",
 )
 _INT_FIELDS = frozenset({"steps", "eval_n", "samples"})
+
+
+def is_policy_file(policy: str | os.PathLike[str]) -> bool:
+    """Whether ``policy`` names a policy file (else an agent name like ``static:...``).
+
+    A path object, an existing path or a name ending in ``.zip`` is a file; anything
+    else is looked up in the agent registry (``static:int8/4MB/H1``, ``bandit``).
+    """
+    return isinstance(policy, os.PathLike) or Path(policy).exists() or str(policy).endswith(".zip")
 
 
 def resolve_policy(
@@ -157,7 +167,7 @@ def resolve_policy(
             f"policy must be an Agent, a policy file path or an agent name, got {policy!r}"
         )
     path = Path(policy)
-    if path.exists() or path.suffix == ".zip" or isinstance(policy, os.PathLike):
+    if is_policy_file(policy):
         meta = read_policy_json(path)  # JSON member only: nothing is unpickled yet
         try:
             check_compatible(meta.get("layout", {}), env)

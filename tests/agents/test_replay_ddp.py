@@ -86,7 +86,8 @@ def rank_ddp_resume(rank, world, stop_at, total, wrapper="ddp"):
         {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}
     )  # this rank's checkpoint (saved per rank)
     del model, ddp, opt, sched
-    model, ddp, opt, sched = _build(rank, wrapper)  # a fresh job: new DDP wrapper, pre-rebuild buckets
+    # a fresh job: new DDP wrapper (pre-rebuild buckets), optimizer and scheduler
+    model, ddp, opt, sched = _build(rank, wrapper)
     model.load_state_dict(ckpt["model"])
     opt.load_state_dict(ckpt["opt"])
     sched.load_state_dict(ckpt["sched"])
