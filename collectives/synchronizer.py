@@ -163,6 +163,8 @@ class _StepState:
     #: per parameter, at its gradient hook: (param version, grad tensor, grad version);
     #: a change before synchronize() means the optimizer or clipping ran too early
     versions: dict[int, tuple[int, torch.Tensor, int]] = field(default_factory=dict)
+    #: the control all-reduce in flight: (tensor, work)
+    control: tuple[torch.Tensor, Any] | None = None
     #: per launched bucket: its buffer's version counter after launch
     bucket_versions: dict[int, int] = field(default_factory=dict)
     next_launch: int = 0
@@ -602,6 +604,15 @@ class GradientSynchronizer:
             st.pending[b] = 0
             self._launch(b, in_hook=in_hook)
         st.next_launch = len(plan)
+        if st.control is None:
+            # one control all-reduce right after the buckets, as DDP all-reduces its
+            # used-parameter map at the end of backward: [non-finite count, used per param]
+            ctl = torch.tensor([0, *st.used], dtype=torch.int32, device=self._ctl_device)
+            if st.nonfinite_local is not None:
+                ctl[:1].add_(st.nonfinite_local.to(ctl.device))
+            st.control = (ctl, dist.all_reduce(ctl, group=self.group, async_op=True))
+            st.bytes_sent += ctl.numel() * ctl.element_size()
+            st.collectives += 1
 
     def _launch_ready(self) -> None:
         st = self._state
@@ -753,14 +764,7 @@ class GradientSynchronizer:
         misuse = self._misuse()
         comp = self.compressor
         self._launch_rest(in_hook=False)  # only when no backward ran on this rank
-        # one control all-reduce: [non-finite count, used count per parameter]
-        ctl = torch.tensor([0, *st.used], dtype=torch.int32, device=self._ctl_device)
-        if st.nonfinite_local is not None:
-            ctl[:1].add_(st.nonfinite_local.to(ctl.device))
-        ctl_work = dist.all_reduce(ctl, group=self.group, async_op=True)
-        st.bytes_sent += ctl.numel() * ctl.element_size()
-        st.collectives += 1
-
+        ctl, ctl_work = st.control
         if misuse:
             self._drain()
             raise RuntimeError(misuse)
@@ -860,6 +864,8 @@ class GradientSynchronizer:
         for inf in self._state.inflight.values():
             for w in inf.works:
                 wait_work(w, self.timeout_s, "gradient bucket")
+        if self._state.control is not None:
+            wait_work(self._state.control[1], self.timeout_s, "control all-reduce")
         self._new_step_state()
 
     def _finish_bucket(self, b: int, inf: _Inflight) -> None:

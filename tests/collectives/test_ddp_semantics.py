@@ -313,10 +313,10 @@ def test_grad_scaler_skips_an_overflow_on_every_rank(dist_any, spec):
 def rank_stall(rank, world):
     model = mlp()
     sync = GradientSynchronizer(model, CommConfig("none"), timeout_s=1.0)
-    _step(model, rank)
     if rank == 1:
-        time.sleep(3.0)  # stalled: never reaches synchronize()
+        time.sleep(3.0)  # stalled before its backward: its collectives never start
         return "stalled"
+    _step(model, rank)
     t0 = time.perf_counter()
     try:
         sync.synchronize()
