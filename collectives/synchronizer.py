@@ -214,7 +214,7 @@ class GradientSynchronizer:
       statistics) before a training forward whenever the previous forward synchronised,
       exactly when DDP does;
     * each rank's gradient is multiplied by ``1 / world_size`` before the sum, as DDP's
-      reducer does, so ``none`` gives DDP's gradients bit for bit where the buckets match;
+      reducer does, in DDP's bucket layout, so ``none`` gives DDP's gradients bit for bit;
     * a parameter that got no gradient on any rank since the last ``synchronize()``
       keeps its ``.grad`` (``None`` after ``zero_grad(set_to_none=True)``), so optimizers
       skip it (no weight decay, no momentum); one used only on some ranks gets the
