@@ -150,6 +150,18 @@ def test_none_is_bit_identical_to_ddp(dist_any, mode):
             assert r["branch_grad_none"] == (step % 2 == 1), (rank, step)
 
 
+def test_none_is_bit_identical_to_ddp_at_three_ranks():
+    # 1/W is not a power of two: DDP multiplies by it (dividing differs in the last bit)
+    pool = DistPool(3)
+    try:
+        out = pool.run(rank_vs_ddp, "accum")
+    finally:
+        pool.close()
+    for steps in out:
+        assert all(r["grads"] and r["state_dict"] and r["optimizer"] for r in steps)
+        assert all(r["ranks_identical"] for r in steps)
+
+
 # ---------------------------------------------------------------------------------
 def _raises(fn, exc, match) -> str:
     try:
