@@ -92,6 +92,23 @@ def layout_of(env: gym.Env) -> dict[str, Any]:
     }
 
 
+def training_facts(env: gym.Env) -> dict[str, Any] | None:
+    """Model size and decision interval of the job ``env`` runs (None if it runs none).
+
+    Stored in policy files so replay can warn when a policy meets another job.
+    """
+    base = getattr(env, "unwrapped", env)
+    cfg = getattr(base, "config", None)
+    steps = getattr(cfg, "steps_per_decision", None) or getattr(base, "steps_per_decision", None)
+    n = getattr(base, "_num_params", None) or getattr(base, "num_params", None)
+    if not isinstance(steps, int) and not isinstance(n, int):
+        return None
+    return {
+        "num_params": n if isinstance(n, int) else None,
+        "steps_per_decision": steps if isinstance(steps, int) else None,
+    }
+
+
 def check_compatible(layout: dict[str, Any], env: gym.Env) -> None:
     """Raise if a policy with ``layout`` cannot act in ``env``.
 
@@ -193,6 +210,8 @@ class Agent(ABC):
         self.observation_space = env.observation_space
         self.seed = seed
         self.layout = layout_of(env)
+        #: the job the policy was trained on (model size, decision interval), if known
+        self.trained_on: dict[str, Any] | None = training_facts(env)
         self._hyperparams = dict(hyperparams)
 
     # -- interface -----------------------------------------------------------------------
@@ -279,6 +298,7 @@ class Agent(ABC):
             "hyperparams": self.hyperparams,
             "state": state if state is not None else {},
             "layout": self.layout,
+            "trained_on": self.trained_on,
         }
 
     @classmethod

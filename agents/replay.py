@@ -74,9 +74,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from commgym.agents.base import Agent, _LayoutEnv, check_compatible, read_policy_json
 from commgym.collectives import CommConfig, GradientSynchronizer
+from commgym.collectives.ddp_sync import DDPHookSynchronizer
 from commgym.collectives.stats import StepStats
 from commgym.env.measure import (
     RANK_FIELDS,
@@ -87,12 +89,28 @@ from commgym.env.measure import (
 )
 from commgym.env.spaces import ActionMenu, ObservationBuilder
 
-__all__ = ["EXCHANGED_FIELDS", "CommScheduler", "DecisionRecord", "resolve_policy"]
+__all__ = [
+    "EXCHANGED_FIELDS",
+    "CommScheduler",
+    "DecisionRecord",
+    "is_policy_file",
+    "policy_mismatch",
+    "resolve_policy",
+]
 
 #: Per-rank scalars exchanged at every decision (one float64 each; ``None`` as NaN): the
 #: fields of :class:`~commgym.env.measure.RankMeasurement` but ``bucket_bytes``, which is
 #: identical on every rank (same bucket plan) and stays local.
 EXCHANGED_FIELDS: tuple[str, ...] = tuple(k for k in RANK_FIELDS if k != "bucket_bytes")
+
+
+def is_policy_file(policy: str | os.PathLike[str]) -> bool:
+    """Whether ``policy`` names a policy file (else an agent name like ``static:...``).
+
+    A path object, an existing path or a name ending in ``.zip`` is a file; anything
+    else is looked up in the agent registry (``static:int8/4MB/H1``, ``bandit``).
+    """
+    return isinstance(policy, os.PathLike) or Path(policy).exists() or str(policy).endswith(".zip")
 
 
 def resolve_policy(
@@ -131,14 +149,41 @@ def resolve_policy(
             f"policy must be an Agent, a policy file path or an agent name, got {policy!r}"
         )
     path = Path(policy)
-    if path.exists() or path.suffix == ".zip" or isinstance(policy, os.PathLike):
+    if is_policy_file(policy):
         meta = read_policy_json(path)  # JSON member only: nothing is unpickled yet
         try:
             check_compatible(meta.get("layout", {}), env)
         except ValueError as err:
             raise ValueError(f"policy file {path} cannot steer this job: {err}") from None
-        return load_agent(path)
+        agent = load_agent(path)
+        agent.trained_on = meta.get("trained_on") or agent.trained_on
+        return agent
     return make_agent(str(policy), env, seed=seed)
+
+
+def policy_mismatch(
+    trained_on: dict[str, Any] | None, *, num_params: int, decision_every: int
+) -> list[str]:
+    """What differs between the job a policy was trained on and this one (human text).
+
+    A model size off by more than 2x or another decision interval changes the
+    observation (``log10(num_params)``, per-decision sums) the policy acts on.
+    """
+    if not trained_on:
+        return []
+    out = []
+    trained_n = trained_on.get("num_params")
+    if trained_n and not 0.5 <= num_params / trained_n <= 2.0:
+        out.append(
+            f"model size: policy trained on {trained_n:,} parameters, job has {num_params:,}"
+        )
+    trained_k = trained_on.get("steps_per_decision")
+    if trained_k and trained_k != decision_every:
+        out.append(
+            f"decision interval: policy trained with {trained_k} steps per decision, job uses "
+            f"decision_every={decision_every}"
+        )
+    return out
 
 
 @dataclass(frozen=True)
@@ -185,21 +230,42 @@ class DecisionRecord:
 class CommScheduler:
     """Lets a commgym policy choose compression, bucket size and period during training.
 
-    Wraps ``model`` with a :class:`~commgym.collectives.GradientSynchronizer` (do not
-    also wrap it in DDP) and drives the optimizer. Call on every rank, in this order::
+    Wraps ``model`` with a :class:`~commgym.collectives.GradientSynchronizer` (which keeps
+    DDP's guarantees; do not also wrap it in DDP), or, when ``model`` already is a
+    ``DistributedDataParallel``, registers ONE commgym comm hook on it
+    (:class:`~commgym.collectives.ddp_sync.DDPHookSynchronizer`: compression and period
+    switch, DDP's bucket size stays). Call on every rank, in this order::
 
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        stats = sched.step(loss)   # -> StepStats of this rank
+        with sched.no_sync():                    # optional: accumulate micro-batches
+            loss_fn(model(x0), y0).backward()
+        loss = loss_fn(model(x1), y1)
+        scaler.scale(loss).backward()            # or loss.backward()
+        sched.synchronize()                      # gradients are now averaged
+        scaler.unscale_(opt)                     # optional (AMP)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # optional
+        sched.step(loss, scaler=scaler)          # optimizer step (skipped on inf/NaN)
+        lr_scheduler.step()
 
-    and :meth:`close` once at the end (a collective: averages local-SGD replicas so every
-    rank ends with the same parameters). See the module docstring for what a decision
-    does and how ``eval_fn`` / ``time_budget_s`` enter the observation.
+    ``step()`` without a preceding ``synchronize()`` synchronises first. :meth:`close`
+    once at the end (a collective: averages local-SGD replicas so every rank ends with
+    the same parameters). See the module docstring for what a decision does and how
+    ``eval_fn`` / ``time_budget_s`` enter the observation.
 
     Construction is a collective: parameters and buffers are broadcast from rank 0 (as
     ``DistributedDataParallel`` does) and the policy is loaded on rank 0 only; a policy
-    that cannot be used raises the same ``ValueError`` on every rank.
+    that cannot be used raises the same ``ValueError`` on every rank. A static policy
+    (``"static:int8/4MB/H1"``) is in force from the first step. A policy trained on a
+    model of another size (more than 2x) or with another decision interval gets a
+    warning naming both.
+
+    **Checkpoints.** :meth:`state_dict` holds this rank's state (synchronizer residuals
+    and counters, DDP-hook layouts, decision history, the window being measured): save
+    it per rank next to the model and optimizer state (``torch.save(...,
+    f"ckpt.rank{rank}.pt")``), since error-feedback residuals and local-SGD replicas
+    differ between ranks. Resume: build model, optimizer and scheduler as before, then
+    load the model, optimizer and :meth:`load_state_dict` on every rank (after the
+    constructor, whose broadcast would otherwise overwrite per-rank state).
 
     Args:
         model: the replicated module (same architecture on every rank).
@@ -223,6 +289,7 @@ class CommScheduler:
         group: process group (default: the world).
         seed: seed of the synchronizer's cross-rank randomness and of a named agent.
         deterministic: passed to ``policy.predict``.
+        timeout_s: collective timeout of the synchronizer, seconds (default: its own).
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
@@ -246,6 +313,7 @@ class CommScheduler:
         group: dist.ProcessGroup | None = None,
         seed: int = 0,
         deterministic: bool = True,
+        timeout_s: float | None = None,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
@@ -293,27 +361,49 @@ class CommScheduler:
                 stacklevel=2,
             )
 
+        from commgym.agents.baselines import StaticAgent
+
         self.policy: Agent | None = None
         self._policy_name = str(policy) if not isinstance(policy, Agent) else repr(policy)
-        err = ""
+        num_params = sum(p.numel() for p in params if p.requires_grad)
+        err, start, mismatch = "", None, []
         if self.rank == 0:
             try:
                 self.policy = resolve_policy(policy, self.menu, seed=seed)
             except (ValueError, TypeError, FileNotFoundError) as exc:
                 err = f"{type(exc).__name__}: {exc}"
-        box = [err]
+            if isinstance(self.policy, StaticAgent) and initial_config is None:
+                start = [int(a) for a in self.policy.menu.encode(self.policy.config)]
+            if self.policy is not None:
+                mismatch = policy_mismatch(
+                    getattr(self.policy, "trained_on", None),
+                    num_params=num_params,
+                    decision_every=decision_every,
+                )
+        box = [err, start]
         dist.broadcast_object_list(box, src=self._src, group=group, device=self._device)
         if box[0]:
             raise ValueError(f"CommScheduler cannot use policy {self._policy_name!r}: {box[0]}")
-
-        with torch.no_grad():  # identical replicas, as DDP's constructor guarantees
-            for t in [*params, *model.buffers()]:
-                dist.broadcast(t.data, src=self._src, group=group)
-        self.sync = GradientSynchronizer(
-            model, self.menu.decode(self._action), group, seed=seed, error_every=0,
-            optimizer=optimizer,
-        )  # fmt: skip
-        num_params = sum(p.numel() for p in params)
+        if box[1] is not None:  # a static preset is in force from the first step
+            self._action = np.array(box[1], dtype=np.int64)
+        if mismatch:
+            warnings.warn(
+                f"policy {self._policy_name!r} was trained on another job: "
+                + "; ".join(mismatch)
+                + " (its observations differ from training: expect other decisions)",
+                stacklevel=2,
+            )
+        kw: dict[str, Any] = {"seed": seed, "optimizer": optimizer}
+        if timeout_s is not None:
+            kw["timeout_s"] = timeout_s
+        config = self.menu.decode(self._action)
+        if isinstance(model, DistributedDataParallel):
+            self.sync: GradientSynchronizer | DDPHookSynchronizer = DDPHookSynchronizer(
+                model, config, group, **kw
+            )
+        else:  # broadcasts parameters and buffers, as DDP's constructor
+            self.sync = GradientSynchronizer(model, config, group, error_every=0, **kw)
+        self._synced: StepStats | None = None
         self.builder = ObservationBuilder(self.menu, self.world_size, num_params)
         self.records: list[DecisionRecord] = []
         self.optimizer_steps = 0
@@ -359,18 +449,50 @@ class CommScheduler:
         """Training time so far (the env's definition; see the module docstring)."""
         return self._train_time_s
 
-    def step(self, loss: torch.Tensor | float | None = None) -> StepStats:
-        """Synchronise gradients, step the optimizer, count the step, decide when due.
+    def no_sync(self) -> Any:
+        """Gradient accumulation: backward passes inside communicate nothing (DDP's name)."""
+        return self.sync.no_sync()
 
-        Call after ``loss.backward()`` on every rank. Does, in order:
-        ``synchronize()``, ``optimizer.step()``, ``after_optimizer_step()`` (local-SGD
-        averaging every ``sync_period``) and, every ``decision_every`` calls, a decision
-        (collectives on every rank; see the class docstring).
+    def synchronize(self) -> StepStats:
+        """Average this step's gradients into ``.grad`` (call after the last backward).
+
+        After it, ``.grad`` holds the synchronised gradient on every rank: clip it,
+        unscale it (``GradScaler.unscale_``) or inspect it, then call :meth:`step`. A
+        non-finite gradient on any rank makes it non-finite on every rank.
+
+        Returns:
+            This rank's :class:`StepStats`.
+
+        Raises:
+            RuntimeError: after :meth:`close`, or called twice for one step.
+        """
+        if self._closed:
+            raise RuntimeError("CommScheduler.synchronize() after close()")
+        if self._synced is not None:
+            raise RuntimeError(
+                "CommScheduler.synchronize() called twice for one step: call step() after it"
+            )
+        if len(self._recorder) == self.decision_every - 1:
+            self.sync.request_error_measurement()  # compression error of the window's last step
+        self._synced = self.sync.synchronize()
+        return self._synced
+
+    def step(self, loss: torch.Tensor | float | None = None, *, scaler: Any = None) -> StepStats:
+        """Step the optimizer on the synchronised gradient, count the step, decide when due.
+
+        Call after ``loss.backward()`` (and optionally :meth:`synchronize`) on every
+        rank. Does, in order: :meth:`synchronize` unless already called for this step,
+        ``optimizer.step()`` (or ``scaler.step(optimizer)`` + ``scaler.update()``, which
+        skip the step on every rank when the gradient is non-finite),
+        ``after_optimizer_step()`` (local-SGD averaging every ``sync_period``) and, every
+        ``decision_every`` calls, a decision (collectives on every rank; see the class
+        docstring).
 
         Args:
             loss: this step's training loss (a tensor is detached, never synchronised
                 here); used for the ``train_loss`` field, and for ``eval_loss`` without
-                ``eval_fn``. None: the field is NaN, shown as 0.
+                ``eval_fn``. None: the field is NaN, shown as 0. Pass the unscaled loss.
+            scaler: a ``torch.amp.GradScaler`` to step and update the optimizer with.
 
         Returns:
             This rank's :class:`StepStats` of the step.
@@ -380,12 +502,15 @@ class CommScheduler:
         """
         if self._closed:
             raise RuntimeError("CommScheduler.step() after close()")
+        st = self._synced if self._synced is not None else self.synchronize()
+        self._synced = None
         sync = self.sync
         rec = self._recorder
-        if len(rec) == self.decision_every - 1:
-            sync.request_error_measurement()  # compression error of the window's last step
-        st = sync.synchronize()
-        self.optimizer.step()
+        if scaler is not None:
+            scaler.step(self.optimizer)
+            scaler.update()
+        else:
+            self.optimizer.step()
         avg = sync.after_optimizer_step()
         now = time.perf_counter()
         start = self._t_mark if self._t_mark is not None else now - st.step_time_s
@@ -399,6 +524,72 @@ class CommScheduler:
             self._decide()
             self._t_mark = time.perf_counter()  # the decision is not training time
         return st
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's scheduler state (plain values and tensors; save one per rank).
+
+        Holds the synchronizer's state, the decision history, the observation and
+        action in force, the policy's recurrent state and the measurements of the
+        window in progress, so a job resumed at any step continues as if not stopped.
+        """
+        return {
+            "sync": self.sync.state_dict(),
+            "optimizer_steps": self.optimizer_steps,
+            "train_time_s": self._train_time_s,
+            "action": [int(a) for a in self._action],
+            "observation": [float(x) for x in self.observation],
+            "episode_start": self._episode_start,
+            "policy_state": self._state,
+            "pending_s": self._pending_s,
+            "records": [r.to_dict() for r in self.records],
+            "builder": {
+                "prev_eval_loss": self.builder.prev_eval_loss,
+                "prev_grad_norm": self.builder.prev_grad_norm,
+            },
+            "window": {
+                "walls": list(self._recorder.walls),
+                "losses": [float(torch.as_tensor(x).float()) for x in self._recorder.losses],
+                "stats": [s.to_dict() for s in self._recorder.stats],
+                "avg_bytes": self._recorder.extra_bytes,
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (a collective: the synchronizer checks ranks).
+
+        Raises:
+            ValueError: the saved action is not on this scheduler's menu.
+        """
+        action = np.array(state["action"], dtype=np.int64)
+        if action.shape != (3,) or (action < 0).any() or (action >= self.menu.nvec).any():
+            raise ValueError(f"saved action {state['action']} is not on the menu {self.menu}")
+        self.sync.load_state_dict(state["sync"])
+        self._action = action
+        self.optimizer_steps = int(state["optimizer_steps"])
+        self._train_time_s = float(state["train_time_s"])
+        self.observation = np.array(state["observation"], dtype=np.float32)
+        self._episode_start = bool(state["episode_start"])
+        self._state = state["policy_state"]
+        self._pending_s = float(state["pending_s"])
+        self.records = [
+            DecisionRecord(
+                **{**r, "action": tuple(r["action"]), "observation": tuple(r["observation"])}
+            )
+            for r in state["records"]
+        ]
+        self.builder.prev_eval_loss = float(state["builder"]["prev_eval_loss"])
+        self.builder.prev_grad_norm = float(state["builder"]["prev_grad_norm"])
+        w = state["window"]
+        rec = self._recorder
+        rec.reset()
+        rec.walls = [float(x) for x in w["walls"]]
+        rec.losses = list(w["losses"])
+        rec.stats = [
+            StepStats(**{**d, "bucket_bytes": tuple(d["bucket_bytes"])}) for d in w["stats"]
+        ]
+        rec.extra_bytes = int(w["avg_bytes"])
+        self._synced = None
+        self._t_mark = None
 
     def summary(self) -> dict[str, Any]:
         """Decisions, configuration changes and decision timings (plain values)."""

@@ -10,14 +10,16 @@ from commgym.collectives.bucketing import BucketPlan
 from commgym.collectives.compressors import BucketLayout, Compressor, make_compressor
 from commgym.collectives.config import CommConfig
 from commgym.collectives.ddp_hook import DDPHookState, ddp_comm_hook
+from commgym.collectives.ddp_sync import DDPHookSynchronizer
 from commgym.collectives.errors import CollectiveTimeout, CommgymError, WorkerFailed
 from commgym.collectives.residual import ResidualMemory
 from commgym.collectives.spec import COMPRESSORS, VALID_SPEC_FORMS, CompressionSpec
 from commgym.collectives.stats import AveragingStats, StepStats
-from commgym.collectives.synchronizer import GradientSynchronizer
+from commgym.collectives.synchronizer import DEFAULT_TIMEOUT_S, GradientSynchronizer
 
 __all__ = [
     "COMPRESSORS",
+    "DEFAULT_TIMEOUT_S",
     "VALID_SPEC_FORMS",
     "AveragingStats",
     "BucketLayout",
@@ -28,6 +30,7 @@ __all__ = [
     "CompressionSpec",
     "Compressor",
     "DDPHookState",
+    "DDPHookSynchronizer",
     "GradientSynchronizer",
     "PeriodicAverager",
     "ResidualMemory",

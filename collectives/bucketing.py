@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
 
 from commgym.collectives.compressors import BucketLayout
 
@@ -15,13 +17,18 @@ DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
 
 
 class BucketPlan:
-    """Flat gradient buckets with per-parameter views (as DDP's reducer builds them).
+    """Flat gradient buckets with per-parameter views, exactly as DDP's reducer builds them.
 
-    Parameters are taken in *reverse* registration order (gradients of the last layers
-    are ready first in backward), never split across buckets, and a bucket is closed as
-    soon as it holds at least ``bucket_bytes``. A bucket holds one dtype and one device.
-    As in DDP, the first bucket is capped separately (``first_bucket_bytes``, 1 MiB by
-    default) so that communication starts early in backward.
+    The assignment is DDP's own (``torch.distributed._compute_bucket_assignment_by_size``
+    with the limits ``[first_bucket_bytes, bucket_bytes]``, as DDP with
+    ``find_unused_parameters=True`` uses them): parameters are taken in registration
+    order, grouped by dtype and device, never split, and a bucket is closed as soon as it
+    holds at least its limit (the first bucket formed, the one holding parameter 0, has
+    ``first_bucket_bytes``). Buckets are then reversed, so bucket 0 holds the last
+    layers, whose gradients are ready first in backward; inside a bucket parameters keep
+    registration order. Matching DDP's layout element for element is what makes
+    ``none`` bit-identical to DDP at any world size: a ring all-reduce sums each element
+    in an order that depends on its position in the buffer.
 
     Args:
         params: parameters (typically ``model.parameters()``); those with
@@ -78,7 +85,7 @@ class BucketPlan:
             off = 0
             for i in idxs:
                 p = self.params[i]
-                self.views[i] = buf[off : off + p.numel()].view(p.shape)
+                self.views[i] = _view_like(buf, off, p)
                 self.bucket_of[i] = b
                 offs.append(off)
                 off += p.numel()
@@ -123,20 +130,23 @@ class BucketPlan:
     def _assign(
         params: list[torch.nn.Parameter], bucket_bytes: float, first_bucket_bytes: float
     ) -> list[list[int]]:
-        buckets: list[list[int]] = []
-        current: list[int] = []
-        current_bytes = 0
-        current_kind = None
-        for i in reversed(range(len(params))):
-            p = params[i]
-            kind = (p.dtype, p.device)
-            cap = first_bucket_bytes if not buckets else bucket_bytes
-            if current and (kind != current_kind or current_bytes >= cap):
-                buckets.append(current)
-                current, current_bytes = [], 0
-            current.append(i)
-            current_kind = kind
-            current_bytes += p.numel() * p.element_size()
-        if current:
-            buckets.append(current)
-        return buckets
+        if not params:
+            return []
+        limits = [math.ceil(first_bucket_bytes), math.ceil(bucket_bytes)]
+        buckets, _ = dist._compute_bucket_assignment_by_size(
+            list(params), limits, [False] * len(params)
+        )
+        return [list(b) for b in reversed(buckets)]
+
+
+def _view_like(buf: torch.Tensor, offset: int, param: torch.Tensor) -> torch.Tensor:
+    """A view of ``buf[offset:]`` shaped like ``param`` with ``param``'s strides.
+
+    As DDP's reducer lays out its buckets: a dense non-overlapping parameter (a
+    transposed weight, channels-last) keeps its memory order in the bucket, so the
+    gradient it receives (same strides, the layout contract) can alias the view and
+    the bucket holds the same elements at the same positions as DDP's.
+    """
+    if torch.empty_like(param, device="meta").stride() == param.stride():
+        return buf.as_strided(param.shape, param.stride(), buf.storage_offset() + offset)
+    return buf[offset : offset + param.numel()].view(param.shape)

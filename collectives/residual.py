@@ -53,6 +53,14 @@ class ResidualMemory:
         """Keys with an allocated residual."""
         return list(self._buffers)
 
+    def lookup(self, key: str) -> torch.Tensor | None:
+        """The residual under ``key`` as stored, or None (never allocates)."""
+        return self._buffers.get(key)
+
+    def discard(self, key: str) -> None:
+        """Drop the residual under ``key`` (no error if there is none)."""
+        self._buffers.pop(key, None)
+
     def reset(self) -> None:
         """Drop all residuals (the next ``get`` returns zeros)."""
         self._buffers.clear()

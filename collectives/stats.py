@@ -17,9 +17,10 @@ class StepStats:
     Attributes:
         step: 0-based count of ``synchronize()`` calls since the last (re)configuration.
         bytes_sent: bytes of the tensors this rank handed to collectives for this step
-            (payload inputs of all-reduce/all-gather plus the 4-byte non-finite flag where
-            one is exchanged); 0 on a local-SGD step. Instrumentation traffic (the exact
-            reference used for ``compression_error``) is not counted.
+            (payload inputs of all-reduce/all-gather plus the control all-reduce: a
+            non-finite count and a used count per parameter, int32); 0 on a local-SGD step.
+            Instrumentation traffic (the exact reference used for ``compression_error``)
+            is not counted.
         compute_s: forward + backward time not spent compressing (from the model's first
             forward after the previous step to the start of ``synchronize()``).
         comm_wait_s: time ``synchronize()`` waited for collectives to finish.

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import functools
 import math
 import time
 import warnings
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from commgym.collectives import kernels
 from commgym.collectives.averaging import (
@@ -21,11 +26,99 @@ from commgym.collectives.averaging import (
 from commgym.collectives.bucketing import BucketPlan
 from commgym.collectives.compressors import Compressor, make_compressor
 from commgym.collectives.config import CommConfig
+from commgym.collectives.errors import CollectiveTimeout
 from commgym.collectives.exchange import all_gather_flat, decode, issue
 from commgym.collectives.residual import ResidualMemory
 from commgym.collectives.stats import AveragingStats, StepStats
 
-__all__ = ["GradientSynchronizer", "all_gather_flat"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "GradientSynchronizer",
+    "all_gather_flat",
+    "check_same_on_all_ranks",
+]
+
+#: Seconds a commgym collective may take before every waiting rank raises
+#: :class:`CollectiveTimeout` (gloo's own default is 30 min, NCCL's 10 min).
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def wait_work(work: Any, timeout_s: float, what: str) -> None:
+    """Wait for an async collective, turning a stall into :class:`CollectiveTimeout`.
+
+    Args:
+        work: the handle returned by a ``torch.distributed`` call with ``async_op=True``.
+        timeout_s: seconds to wait.
+        what: the collective, for the message.
+
+    Raises:
+        CollectiveTimeout: the collective did not finish within ``timeout_s``.
+    """
+    try:
+        work.wait(datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as err:
+        msg = str(err).lower()
+        if "timed out" in msg or "timeout" in msg:
+            raise CollectiveTimeout(
+                f"{what} did not finish within timeout_s={timeout_s:g} s: another rank "
+                "stalled, died or skipped this collective (every rank must call the same "
+                "synchronizer methods in the same order); raise timeout_s for slow steps"
+            ) from err
+        raise
+
+
+def comm_device(group: dist.ProcessGroup | None, like: torch.Tensor) -> torch.device:
+    """Device for small control tensors: ``like``'s device on NCCL, CPU otherwise."""
+    return like.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
+def check_same_on_all_ranks(
+    facts: dict[str, str],
+    *,
+    group: dist.ProcessGroup | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    device: torch.device | None = None,
+    context: str = "",
+) -> None:
+    """Verify that every rank passes the same ``facts`` (a collective; call on every rank).
+
+    Costs one all-gather of ``len(facts)`` int64 checksums; the values themselves are
+    exchanged only when they differ, to name them.
+
+    Args:
+        facts: name -> value (as text) that must agree, e.g. the configuration and seed.
+        group: process group (default: the world).
+        timeout_s: collective timeout, seconds.
+        device: device of the exchanged tensor (CUDA for NCCL groups).
+        context: what is being checked, for the message.
+
+    Raises:
+        ValueError: on every rank, when some value differs between ranks; the message
+            names each differing fact with its value per rank.
+        CollectiveTimeout: a rank did not join within ``timeout_s``.
+    """
+    device = device or torch.device("cpu")
+    world = dist.get_world_size(group)
+    names = sorted(facts)
+    local = torch.tensor(
+        [zlib.crc32(f"{k}={facts[k]}".encode()) for k in names], dtype=torch.int64, device=device
+    )
+    rows = [torch.empty_like(local) for _ in range(world)]
+    wait_work(dist.all_gather(rows, local, group=group, async_op=True), timeout_s, context)
+    if all(torch.equal(r, local) for r in rows):
+        return
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, {k: facts[k] for k in names}, group=group)
+    differ = []
+    for k in names:
+        values = [g.get(k) if isinstance(g, dict) else None for g in gathered]
+        if len(set(values)) > 1:
+            differ.append(f"{k}: " + ", ".join(f"rank {r}={v}" for r, v in enumerate(values)))
+    raise ValueError(
+        f"{context}: ranks disagree ({'; '.join(differ) or 'set of checked names'}); every "
+        "rank must use the same configuration, seed and model (pass the same values on "
+        "every rank)"
+    )
 
 
 class _Clock:
@@ -67,6 +160,16 @@ class _StepState:
 
     ready: list[bool]
     pending: list[int]
+    #: per parameter: a gradient was accumulated since the last synchronize() (no_sync
+    #: micro-batches included), as DDP's ``local_used_map``
+    used: list[bool]
+    #: per parameter, at its gradient hook: (param version, grad tensor, grad version);
+    #: a change before synchronize() means the optimizer or clipping ran too early
+    versions: dict[int, tuple[int, torch.Tensor, int]] = field(default_factory=dict)
+    #: the control all-reduce in flight: (tensor, work)
+    control: tuple[torch.Tensor, Any] | None = None
+    #: per launched bucket: its buffer's version counter after launch
+    bucket_versions: dict[int, int] = field(default_factory=dict)
     next_launch: int = 0
     inflight: dict[int, _Inflight] = field(default_factory=dict)
     compress_spans: list[tuple[Any, Any]] = field(default_factory=list)
@@ -77,6 +180,8 @@ class _StepState:
     nonfinite_local: torch.Tensor | None = None
     t_forward: Any = None
     started: bool = False
+    #: gradients were accumulated under no_sync() and not yet synchronised
+    accumulating: bool = False
 
 
 class GradientSynchronizer:
@@ -94,21 +199,50 @@ class GradientSynchronizer:
 
     Typical loop (every rank)::
 
-        sync = GradientSynchronizer(model, CommConfig("topk:0.01", bucket_mb=4))
+        sync = GradientSynchronizer(model, CommConfig("topk:0.01", bucket_mb=4),
+                                    optimizer=opt)
         for x, y in data:
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=True)
             loss_fn(model(x), y).backward()
-            stats = sync.synchronize()          # StepStats
+            stats = sync.synchronize()          # StepStats; .grad is now the average
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # optional
             opt.step()
             sync.after_optimizer_step()          # local-SGD averaging when H > 1
 
+    DDP semantics it keeps (``DistributedDataParallel`` with
+    ``find_unused_parameters=True``):
+
+    * construction broadcasts rank 0's parameters and buffers (a collective);
+    * ``broadcast_buffers=True`` broadcasts rank 0's buffers (BatchNorm running
+      statistics) before a training forward whenever the previous forward synchronised,
+      exactly when DDP does;
+    * each rank's gradient is multiplied by ``1 / world_size`` before the sum, as DDP's
+      reducer does, in DDP's bucket layout, so ``none`` gives DDP's gradients bit for bit;
+    * a parameter that got no gradient on any rank since the last ``synchronize()``
+      keeps its ``.grad`` (``None`` after ``zero_grad(set_to_none=True)``), so optimizers
+      skip it (no weight decay, no momentum); one used only on some ranks gets the
+      average with zeros from the others;
+    * ``with sync.no_sync():`` accumulates gradients locally (gradient accumulation);
+      the next backward outside it communicates the accumulated sum. Step counters
+      (error feedback, local-SGD period, ``error_every``) advance per ``synchronize()``;
+    * a non-finite gradient on any rank makes the synchronised gradient non-finite on
+      every rank, for every compressor (top-k / random-k buckets are filled with NaN
+      then), so ``torch.amp.GradScaler`` skips the step on every rank.
+
+    Misuse raises on every rank instead of letting replicas drift: ranks constructed
+    or reconfigured with different configurations or seeds (checked at construction and
+    at each :meth:`reconfigure`), ``optimizer.step()`` or an in-place change of ``.grad``
+    (e.g. ``clip_grad_norm_``) between ``backward()`` and :meth:`synchronize`, a second
+    backward without :meth:`no_sync`, a missing :meth:`after_optimizer_step` under local
+    SGD; a rank that stalls makes the others raise :class:`CollectiveTimeout` after
+    ``timeout_s``.
+
     Args:
-        model: the replicated module (same parameters, same order on every rank). Its
-            parameters must be identical across ranks at construction (broadcast them).
+        model: the replicated module (same parameters, same order on every rank).
         config: the initial communication configuration.
         group: process group (default: the world). Must already be initialised.
         seed: seed of all cross-rank randomness (random-k, stochastic rounding, PowerSGD's
-            initial ``Q``); must be equal on every rank.
+            initial ``Q``); must be equal on every rank (checked).
         error_every: measure ``compression_error`` every this many steps (an extra exact
             fp32 all-reduce after the measured region, not counted in ``bytes_sent``);
             0 disables it.
@@ -118,12 +252,18 @@ class GradientSynchronizer:
             Adam moments; :func:`~commgym.collectives.averaging.average_optimizer_state`),
             so the replicas are identical again; without it they stay apart under
             ``H = 1`` whenever the optimizer has rank-local state (a warning says so).
+        broadcast_buffers: broadcast rank 0's buffers before training forwards (DDP's
+            default); False keeps buffers rank-local.
+        timeout_s: seconds any commgym collective may wait before raising
+            :class:`CollectiveTimeout` (default :data:`DEFAULT_TIMEOUT_S`).
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
         TypeError: ``config`` is not a ``CommConfig``.
-        ValueError: the model has no trainable parameters, or a lossy compression is
-            asked for parameters that are not fp32.
+        ValueError: the model has no trainable parameters, a lossy compression is asked
+            for parameters that are not fp32, an invalid ``timeout_s``, or (on every rank)
+            the ranks' models, configurations or seeds differ.
+        CollectiveTimeout: a rank did not join construction within ``timeout_s``.
     """
 
     def __init__(
@@ -135,6 +275,8 @@ class GradientSynchronizer:
         seed: int = 0,
         error_every: int = 1,
         optimizer: torch.optim.Optimizer | None = None,
+        broadcast_buffers: bool = True,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
@@ -143,15 +285,26 @@ class GradientSynchronizer:
             )
         if isinstance(error_every, bool) or not isinstance(error_every, int) or error_every < 0:
             raise ValueError(f"error_every must be an integer >= 0, got {error_every!r}")
+        if (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, int | float)
+            or not math.isfinite(timeout_s)
+            or timeout_s <= 0
+        ):
+            raise ValueError(f"timeout_s must be a finite number > 0 (seconds), got {timeout_s!r}")
         self.model = model
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.seed = int(seed)
         self.error_every = error_every
+        self.timeout_s = float(timeout_s)
+        self.broadcast_buffers = bool(broadcast_buffers)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("model has no parameters with requires_grad=True to synchronise")
+        self._src = 0 if group is None else dist.get_global_rank(group, 0)
+        self._ctl_device = comm_device(group, self.params[0])
         self._clock = _Clock(self.params[0].device)
         kernels.warmup(self.params[0].device.type)  # JIT compile outside measured steps
         self._averager = PeriodicAverager(self.params, 1, group)
@@ -165,12 +318,35 @@ class GradientSynchronizer:
         self._compressor: Compressor | None = None
         self._err_ref: dict[int, torch.Tensor] = {}
         self._gather_bufs: dict[tuple[int, int, int], torch.Tensor] = {}
-        self._apply(self._check_config(config))
+        self._no_sync = False
+        # DDP's require_forward_param_sync: buffers are broadcast before a forward when
+        # the previous forward was a synchronising training forward (or there was none)
+        self._sync_buffers_next = True
+        # synchronize() returned and after_optimizer_step() was not called yet
+        self._awaiting_opt_step = False
+        config = self._check_config(config)
+        check_same_on_all_ranks(
+            {
+                "config": repr(config.to_dict()),
+                "seed": str(self.seed),
+                "parameters": _describe(model.named_parameters()),
+                "buffers": _describe(model.named_buffers()),
+                "broadcast_buffers": str(self.broadcast_buffers),
+            },
+            group=group,
+            timeout_s=self.timeout_s,
+            device=self._ctl_device,
+            context="GradientSynchronizer construction",
+        )
+        # identical replicas at start, as DDP's constructor guarantees
+        self._broadcast([*model.parameters(), *model.buffers()], "parameter broadcast")
+        self._apply(config)
         self._handles = [
             p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_ready, i))
             for i, p in enumerate(self.params)
         ]
         self._handles.append(model.register_forward_pre_hook(self._on_forward))
+        self._handles.append(model.register_forward_hook(self._after_forward))
 
     # -- configuration ------------------------------------------------------------
     @property
@@ -244,6 +420,7 @@ class GradientSynchronizer:
         self._step = 0
         self._opt_steps = 0
         self._measure_next = False
+        self._awaiting_opt_step = False
         self._new_step_state()
 
     def _detach_grads(self, plan: BucketPlan) -> None:
@@ -258,18 +435,28 @@ class GradientSynchronizer:
         start, random streams), so the next step gives exactly what a freshly built
         synchronizer would. Leaving a local-SGD period with un-averaged steps averages
         parameters first (a collective: every rank must reconfigure at the same step).
-        A config equal to the current one is a no-op.
+        A config equal to the current one changes nothing. Every call is a collective:
+        the ranks' configurations are compared first (one small all-gather).
 
         Raises:
-            RuntimeError: called between ``backward()`` and ``synchronize()``.
-            TypeError, ValueError: as for the constructor.
+            RuntimeError: called between ``backward()`` and ``synchronize()`` (also
+                after a ``no_sync()`` backward).
+            TypeError, ValueError: as for the constructor; ``ValueError`` on every rank
+                when the ranks pass different configurations.
         """
         config = self._check_config(config)
-        if self._state.started:
+        if self._state.started or self._state.accumulating:
             raise RuntimeError(
                 "reconfigure() called during a step (after backward started, before "
                 "synchronize()); call it between steps"
             )
+        check_same_on_all_ranks(
+            {"config": repr(config.to_dict())},
+            group=self.group,
+            timeout_s=self.timeout_s,
+            device=self._ctl_device,
+            context="GradientSynchronizer.reconfigure",
+        )
         if config == self._config:
             return
         if self._averager.steps_since_average > 0:
@@ -301,23 +488,91 @@ class GradientSynchronizer:
         self._state = _StepState(
             ready=[False] * len(self.params),
             pending=[len(b) for b in plan.buckets],
+            used=[False] * len(self.params),
         )
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Context manager for gradient accumulation (DDP's ``no_sync``).
+
+        Backward passes inside it accumulate gradients into ``.grad`` locally and
+        communicate nothing; the first backward after it communicates the accumulated
+        sum in :meth:`synchronize`. Forwards inside it do not trigger the next buffer
+        broadcast (as in DDP). Example (two micro-batches per optimizer step)::
+
+            with sync.no_sync():
+                loss_fn(model(x0), y0).backward()
+            loss_fn(model(x1), y1).backward()
+            sync.synchronize()
+            opt.step()
+            sync.after_optimizer_step()
+        """
+        old = self._no_sync
+        self._no_sync = True
+        try:
+            yield
+        finally:
+            self._no_sync = old
+
+    @torch.no_grad()
+    def _broadcast(self, tensors: list[torch.Tensor], what: str) -> None:
+        """Copy rank 0's values into ``tensors`` (one collective per dtype/device)."""
+        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for t in tensors:
+            if t.numel():
+                groups.setdefault((t.dtype, t.device), []).append(t)
+        for ts in groups.values():
+            flat = _flatten_dense_tensors([t.detach() for t in ts])
+            work = dist.broadcast(flat, src=self._src, group=self.group, async_op=True)
+            wait_work(work, self.timeout_s, what)
+            if self.rank == 0:
+                continue
+            # buffers may be saved for a pending backward; the copy must not bump their
+            # version counters (DDP does the same)
+            with torch.autograd._unsafe_preserve_version_counter(tuple(ts)):
+                for t, v in zip(ts, _unflatten_dense_tensors(flat, ts), strict=True):
+                    t.detach().copy_(v)
+
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if self.broadcast_buffers and self._sync_buffers_next:
+            buffers = list(self.model.buffers())
+            if buffers:
+                self._broadcast(buffers, "buffer broadcast before forward")
         # only training forwards start a step (evaluation under no_grad does not)
         if self._state.t_forward is None and torch.is_grad_enabled():
             self._state.t_forward = self._clock.mark()
 
+    def _after_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        # DDP's require_forward_param_sync: the next forward broadcasts buffers only if
+        # this one was a synchronising training forward
+        self._sync_buffers_next = torch.is_grad_enabled() and not self._no_sync
+
     def _on_grad_ready(self, index: int, param: torch.Tensor) -> None:
         st = self._state
+        if self._no_sync:
+            if st.ready[index]:
+                raise RuntimeError(
+                    "backward inside no_sync() after a synchronising backward of the same "
+                    "step; run the no_sync() micro-batches first, then one backward outside "
+                    "it, then synchronize()"
+                )
+            st.used[index] = True
+            st.accumulating = True
+            return
+        st.used[index] = True
         if self.config.sync_period > 1:
             st.started = True
             return
         if st.ready[index]:
             raise RuntimeError(
                 f"gradient of parameter {index} was accumulated twice before synchronize(); "
-                "call synchronize() after every backward (gradient accumulation across "
-                "backward passes is not supported)"
+                "call synchronize() after every backward, or run all but the last "
+                "micro-batch's backward inside `with sync.no_sync():` to accumulate"
+            )
+        if not st.started:
+            # launch buckets holding parameters unused in this backward at its end
+            torch.autograd.Variable._execution_engine.queue_callback(
+                functools.partial(self._launch_rest, in_hook=True)
             )
         st.started = True
         st.ready[index] = True
@@ -329,10 +584,47 @@ class GradientSynchronizer:
                 view.copy_(grad)
             if _can_alias(param, grad):
                 param.grad = view
+        g = param.grad
+        aliased = g is not None and _is_view_of(g, view)
+        # a gradient that is a bucket view is checked through the bucket's version
+        st.versions[index] = (param._version, g, -1 if aliased or g is None else g._version)
         b = plan.bucket_of[index]
         st.pending[b] -= 1
         if st.pending[b] == 0:
             self._launch_ready()
+
+    @torch.no_grad()
+    def _launch_rest(self, *, in_hook: bool) -> None:
+        """Launch every bucket not launched yet; parameters without a gradient send zeros.
+
+        Runs at the end of backward (an autograd engine callback), so every rank issues
+        all bucket collectives before any collective the user issues after backward,
+        whichever parameters it left unused.
+        """
+        st = self._state
+        plan = self.plan
+        for b in range(st.next_launch, len(plan)):
+            for i in plan.buckets[b]:
+                if not st.ready[i]:
+                    p, view = self.params[i], plan.views[i]
+                    if st.used[i] and p.grad is not None:  # accumulated under no_sync()
+                        if not _is_view_of(p.grad, view):
+                            view.copy_(p.grad)
+                    else:
+                        view.zero_()
+                    st.ready[i] = True
+            st.pending[b] = 0
+            self._launch(b, in_hook=in_hook)
+        st.next_launch = len(plan)
+        if st.control is None:
+            # one control all-reduce right after the buckets, as DDP all-reduces its
+            # used-parameter map at the end of backward: [non-finite count, used per param]
+            ctl = torch.tensor([0, *st.used], dtype=torch.int32, device=self._ctl_device)
+            if st.nonfinite_local is not None:
+                ctl[:1].add_(st.nonfinite_local.to(ctl.device))
+            st.control = (ctl, dist.all_reduce(ctl, group=self.group, async_op=True))
+            st.bytes_sent += ctl.numel() * ctl.element_size()
+            st.collectives += 1
 
     def _launch_ready(self) -> None:
         st = self._state
@@ -348,7 +640,8 @@ class GradientSynchronizer:
         flat = plan.buffers[b]
         layout = plan.layouts[b]
         t0 = self._clock.mark()
-        flat.div_(self.world_size)
+        # DDP's reducer multiplies by 1/W (not divides): bit-identical `none` at any W
+        flat.mul_(1.0 / self.world_size)
         if self._measuring and flat.numel():
             ref = self._err_ref.get(b)
             if ref is None:
@@ -373,6 +666,7 @@ class GradientSynchronizer:
             st.hook_compress_spans += 1
         works, gathered = self._issue(b, 0, payload)
         st.inflight[b] = _Inflight(0, payload, ctx, works, gathered)
+        st.bucket_versions[b] = flat._version
 
     def _issue(
         self, b: int, rnd: int, payload: list[torch.Tensor]
@@ -403,17 +697,44 @@ class GradientSynchronizer:
         """Measure ``compression_error`` on the next step regardless of ``error_every``."""
         self._measure_next = True
 
+    @property
+    def control_bytes(self) -> int:
+        """Bytes of the per-step control all-reduce (non-finite flag + used map, int32)."""
+        return 4 * (1 + len(self.params))
+
     @torch.no_grad()
     def synchronize(self) -> StepStats:
         """Finish this step's communication and write averaged gradients into ``.grad``.
 
         Call on every rank after ``backward()`` and before ``optimizer.step()``. Buckets
-        whose parameters got no gradient this step (unused parameters) are sent as zeros.
-        On a local-SGD step (``sync_period > 1``) nothing is communicated.
+        whose parameters got no gradient this step (unused parameters) are sent as zeros;
+        a parameter unused on every rank keeps its ``.grad`` (see the class docstring).
+        Besides the buckets, one small all-reduce (:attr:`control_bytes`) carries the
+        non-finite flag and which parameters each rank used. On a local-SGD step
+        (``sync_period > 1``) nothing is communicated.
 
         Returns:
             The measured :class:`StepStats` of this rank (``nonfinite`` agrees on all ranks).
+
+        Raises:
+            RuntimeError: on every rank that misuses the step: inside ``no_sync()``;
+                parameters changed since backward (``optimizer.step()`` before
+                ``synchronize()``); a gradient changed in place since backward (clipping
+                before ``synchronize()``); ``after_optimizer_step()`` missing under local
+                SGD.
+            CollectiveTimeout: a rank did not join within ``timeout_s``.
         """
+        if self._no_sync:
+            raise RuntimeError(
+                "synchronize() inside no_sync(): leave the no_sync() block, run the last "
+                "micro-batch's backward outside it, then call synchronize()"
+            )
+        if self._awaiting_opt_step and self.config.sync_period > 1:
+            raise RuntimeError(
+                "after_optimizer_step() was not called since the last synchronize(); under "
+                "local SGD (sync_period > 1) call it once after every optimizer step (also a "
+                "skipped one) on every rank, or the ranks average at different steps"
+            )
         st = self._state
         clock = self._clock
         t_start = clock.mark()
@@ -435,31 +756,23 @@ class GradientSynchronizer:
                 collectives=0,
             )
             self._step += 1
+            self._awaiting_opt_step = True
             self._new_step_state()
             return stats
 
+        misuse = self._misuse()
         comp = self.compressor
-        # Buckets not launched by hooks (unused parameters, or no backward at all).
-        for b in range(st.next_launch, len(plan)):
-            for i in plan.buckets[b]:
-                if not st.ready[i]:
-                    plan.views[i].zero_()
-                    st.ready[i] = True
-            st.pending[b] = 0
-            self._launch(b, in_hook=False)
-        st.next_launch = len(plan)
-        flag_work = None
-        if st.nonfinite_local is not None:
-            flag_work = dist.all_reduce(st.nonfinite_local, group=self.group, async_op=True)
-            st.bytes_sent += 4
-            st.collectives += 1
-
+        self._launch_rest(in_hook=False)  # only when no backward ran on this rank
+        ctl, ctl_work = st.control
+        if misuse:
+            self._drain()
+            raise RuntimeError(misuse)
         for rnd in range(comp.rounds):
             for b in range(len(plan)):
                 inf = st.inflight[b]
                 w0 = clock.mark()
                 for w in inf.works:
-                    w.wait()
+                    wait_work(w, self.timeout_s, f"gradient bucket {b}")
                 w1 = clock.mark()
                 st.wait_spans.append((w0, w1))
                 c0 = clock.mark()
@@ -472,11 +785,17 @@ class GradientSynchronizer:
                     self._finish_bucket(b, inf)
                     c1 = clock.mark()
                 st.compress_spans.append((c0, c1))
-        if flag_work is not None:
-            w0 = clock.mark()
-            flag_work.wait()
-            st.wait_spans.append((w0, clock.mark()))
-        self._write_grads()
+        w0 = clock.mark()
+        wait_work(ctl_work, self.timeout_s, "control all-reduce")
+        st.wait_spans.append((w0, clock.mark()))
+        ctl_host = ctl.tolist()
+        flagged = ctl_host[0] > 0
+        if flagged and not comp.propagates_nonfinite:
+            # the sampled payload may have dropped this rank's inf: make every rank's
+            # gradient non-finite, as a plain all-reduce would, so GradScaler skips
+            for buf in plan.buffers:
+                buf.fill_(math.nan)
+        self._write_grads(ctl_host[1:])
         t_end = clock.mark()
 
         # ---- outside the measured region: resolve timings and statistics ----
@@ -489,9 +808,7 @@ class GradientSynchronizer:
         compute_s = max(0.0, clock.seconds(st.t_forward, t_start) - hook_compress_s)
         clock.seconds(t_start, t_end)  # ensures all events resolved
         grad_norm = _norm(plan.buffers)  # non-finite iff some element is
-        nonfinite = not math.isfinite(grad_norm) or (
-            st.nonfinite_local is not None and int(st.nonfinite_local.sum()) > 0
-        )
+        nonfinite = not math.isfinite(grad_norm) or flagged
         error = self._compression_error(nonfinite)
         instrumentation_s = time.perf_counter() - t_stats
         stats = StepStats(
@@ -510,16 +827,55 @@ class GradientSynchronizer:
         )
         self._step += 1
         self._measure_next = False
+        self._awaiting_opt_step = True
         self._new_step_state()
         return stats
+
+    def _misuse(self) -> str:
+        """What was done wrongly between backward and synchronize() ('' if nothing)."""
+        st = self._state
+        plan = self.plan
+        for i, (pv, g, gv) in st.versions.items():
+            p = self.params[i]
+            if p._version != pv:
+                return (
+                    "parameters changed between backward() and synchronize(): "
+                    "optimizer.step() (or another in-place update) ran before "
+                    "synchronize(); call synchronize() first, then optimizer.step()"
+                )
+            if p.grad is not g or (gv >= 0 and g._version != gv):
+                return self._grad_misuse_msg()
+        for b, v in st.bucket_versions.items():
+            if plan.buffers[b]._version != v:
+                return self._grad_misuse_msg()
+        return ""
+
+    @staticmethod
+    def _grad_misuse_msg() -> str:
+        return (
+            "a gradient was changed between backward() and synchronize() (e.g. "
+            "clip_grad_norm_ or GradScaler.unscale_ on local gradients); replicas would "
+            "diverge: call synchronize() first and clip / unscale the synchronised gradient"
+        )
+
+    def _drain(self) -> None:
+        """Wait for every collective in flight (before raising, so the group stays usable)."""
+        for inf in self._state.inflight.values():
+            for w in inf.works:
+                wait_work(w, self.timeout_s, "gradient bucket")
+        if self._state.control is not None:
+            wait_work(self._state.control[1], self.timeout_s, "control all-reduce")
+        self._new_step_state()
 
     def _finish_bucket(self, b: int, inf: _Inflight) -> None:
         decode(self.compressor, inf.gathered, inf.ctx, self.plan.buffers[b], self.world_size)
 
-    def _write_grads(self) -> None:
+    def _write_grads(self, used_count: list[int]) -> None:
         plan = self.plan
-        for p, view in zip(plan.params, plan.views, strict=True):
+        for p, view, n in zip(plan.params, plan.views, used_count, strict=True):
             g = p.grad
+            if n == 0:
+                continue  # unused on every rank: .grad untouched, as in DDP
             if g is not None and _is_view_of(g, view):
                 continue
             if g is None:
@@ -549,11 +905,23 @@ class GradientSynchronizer:
     def after_optimizer_step(self) -> AveragingStats:
         """Count one optimizer step; with ``sync_period = H > 1`` average parameters every H.
 
-        Call exactly once per optimizer step on every rank (not per parameter group).
+        Call exactly once per optimizer step on every rank (not per parameter group),
+        also when the step was skipped (``GradScaler`` after a non-finite gradient), so
+        every rank counts the same steps.
 
         Returns:
             :class:`AveragingStats` saying whether parameters were averaged now.
+
+        Raises:
+            RuntimeError: a backward ran since the last :meth:`synchronize` (the
+                optimizer stepped on unsynchronised gradients).
         """
+        if self._state.started or self._state.accumulating:
+            raise RuntimeError(
+                "after_optimizer_step() after a backward that was not synchronised: call "
+                "synchronize() after backward and before optimizer.step()"
+            )
+        self._awaiting_opt_step = False
         self._opt_steps += 1
         if self.config.sync_period == 1:
             return AveragingStats(False, 0, 0.0, self._opt_steps)
@@ -626,6 +994,11 @@ class GradientSynchronizer:
         self._handles.clear()
 
 
+def _describe(named: Iterator[tuple[str, torch.Tensor]]) -> str:
+    """Names, shapes and dtypes (what must agree across ranks), as one string."""
+    return ";".join(f"{n}:{tuple(t.shape)}:{t.dtype}" for n, t in named)
+
+
 def _is_view_of(t: torch.Tensor, view: torch.Tensor) -> bool:
     return (
         t.data_ptr() == view.data_ptr()
@@ -636,9 +1009,13 @@ def _is_view_of(t: torch.Tensor, view: torch.Tensor) -> bool:
 
 
 def _can_alias(param: torch.Tensor, grad: torch.Tensor) -> bool:
-    # A bucket view may stand in for .grad only where the parameter is contiguous
+    # A bucket view may stand in for .grad only where it has the parameter's strides
     # (the gradient layout contract) and lives on the same device/dtype.
-    return param.is_contiguous() and param.dtype == grad.dtype and param.device == grad.device
+    return (
+        param.stride() == grad.stride()
+        and param.dtype == grad.dtype
+        and param.device == grad.device
+    )
 
 
 def _norm(tensors: list[torch.Tensor]) -> float:

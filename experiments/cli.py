@@ -299,7 +299,9 @@ def train_cmd(
 
 @app.command("evaluate")
 def evaluate_cmd(
-    policy: str = typer.Option(..., "--policy", help="Policy file saved by `commgym train`."),
+    policy: str = typer.Option(
+        ..., "--policy", help="Policy file saved by `commgym train`, or static:<preset>."
+    ),
     baselines: str | None = typer.Option(
         None,
         "--baselines",
@@ -370,7 +372,9 @@ def ui_cmd(
 
 @app.command("replay")
 def replay_cmd(
-    policy: str = typer.Option(..., "--policy", help="Policy file saved by `commgym train`."),
+    policy: str = typer.Option(
+        ..., "--policy", help="Policy file saved by `commgym train`, or static:<preset>."
+    ),
     workload: str = typer.Option("mlp-digits", "--workload", help="Workload name."),
     world_size: int = typer.Option(2, "--world-size", min=1, help="Number of ranks."),
     network: str | None = typer.Option(

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from commgym.agents.replay import is_policy_file
 from commgym.experiments.train import EpisodeResult, console, run_episode
 
 __all__ = ["DEFAULT_BASELINES", "replay"]
@@ -69,7 +70,8 @@ def replay(
     """Run the policy and the baselines for one full training run each; print the table.
 
     Args:
-        policy: policy zip written by ``commgym train`` / ``Agent.save``.
+        policy: policy zip written by ``commgym train`` / ``Agent.save``, or an agent
+            name such as ``static:int8/4MB/H1`` (the names ``--baselines`` takes).
         workload: workload name (``mlp-digits``, ``cnn-digits``, ``charlm``, ``wide-mlp``).
         world_size: number of ranks.
         network: emulated network spec or profile (``"1gbit:1ms"``, ``"ethernet-1g"``);
@@ -87,7 +89,8 @@ def replay(
     Raises:
         ValueError: the policy was trained for another action menu / observation layout
             (the message lists the differences), or invalid settings.
-        FileNotFoundError: the policy file does not exist.
+        FileNotFoundError: the policy file does not exist (a path or ``.zip`` name that
+            is not an agent name).
         RuntimeError: ``network`` asked for without namespace/tc privileges.
     """
     import gymnasium as gym
@@ -113,9 +116,12 @@ def replay(
     env = gym.make("commgym/AllReduce-v0", **env_kw)
     results: dict[str, EpisodeResult] = {}
     try:
-        agent = load_agent(policy, env=env.unwrapped)
+        if is_policy_file(policy):
+            agent, label = load_agent(policy, env=env.unwrapped), f"policy ({Path(policy).name})"
+        else:  # an agent name, parsed as `evaluate --baselines` parses them
+            agent, label = make_agent(str(policy), env.unwrapped, seed=seed), f"policy ({policy})"
         timed = _TimedPolicy(agent)
-        agents: dict[str, Any] = {f"policy ({Path(policy).name})": timed}
+        agents: dict[str, Any] = {label: timed}
         for name in baselines:
             agents[name] = make_agent(name, env.unwrapped, seed=seed)
         for label, a in agents.items():

@@ -1,9 +1,10 @@
-"""BucketPlan: reverse order, no splitting, true sizes, aliasing views, edge cases."""
+"""BucketPlan: DDP's assignment, no splitting, true sizes, aliasing views, edge cases."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,8 +18,18 @@ def _params(*shapes, dtype=torch.float32):
 def _check_invariants(plan: BucketPlan, bucket_bytes: float) -> None:
     n = len(plan.params)
     flat = [i for b in plan.buckets for i in b]
-    # every parameter in exactly one bucket, in reverse registration order
-    assert flat == list(reversed(range(n)))
+    # every parameter in exactly one bucket; DDP's assignment: buckets reversed (last
+    # layers first), registration order inside a bucket
+    assert sorted(flat) == list(range(n))
+    assert all(b == sorted(b) for b in plan.buckets)
+    assert [min(b) for b in plan.buckets] == sorted((min(b) for b in plan.buckets), reverse=True)
+    if n:
+        ddp, _ = dist._compute_bucket_assignment_by_size(
+            plan.params,
+            [int(-(-plan.first_bucket_bytes // 1)), int(-(-bucket_bytes // 1))],
+            [False] * n,
+        )
+        assert plan.buckets == [list(b) for b in reversed(ddp)]
     assert len(plan.buffers) == len(plan.buckets) == len(plan.layouts) == len(plan)
     for b, idxs in enumerate(plan.buckets):
         buf = plan.buffers[b]
@@ -38,19 +49,18 @@ def _check_invariants(plan: BucketPlan, bucket_bytes: float) -> None:
         assert off == buf.numel()
         assert plan.layouts[b].shapes == tuple(plan.params[i].shape for i in idxs)
         assert plan.layouts[b].numel == buf.numel()
-        # closed as soon as it held >= bucket_bytes: without its last parameter it was below
-        # the target (a dtype change may close a bucket earlier)
+        # closed as soon as it held >= its limit: without its last parameter it was below
         last = plan.params[idxs[-1]]
         before = nbytes - last.numel() * last.element_size()
-        assert before < bucket_bytes
+        assert before < max(bucket_bytes, plan.first_bucket_bytes)
     assert plan.total_bytes == sum(plan.bucket_bytes)
     assert len({lay.key for lay in plan.layouts}) == len(plan.layouts)
 
 
-def test_reverse_registration_order_one_bucket():
+def test_registration_order_one_bucket():
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
     plan = BucketPlan(model.parameters(), 2**20)
-    assert plan.buckets == [[3, 2, 1, 0]]
+    assert plan.buckets == [[0, 1, 2, 3]]
     assert plan.bucket_bytes == [4 * (8 * 4 + 8 + 2 * 8 + 2)]
     _check_invariants(plan, 2**20)
 
@@ -67,11 +77,11 @@ def test_tiny_target_gives_one_bucket_per_parameter():
     ("target", "expected"),
     [
         (40, [[3], [2], [1], [0]]),
-        (41, [[3, 2], [1, 0]]),
-        (80, [[3, 2], [1, 0]]),
-        (81, [[3, 2, 1], [0]]),
-        (160, [[3, 2, 1, 0]]),
-        (1e9, [[3, 2, 1, 0]]),
+        (41, [[2, 3], [0, 1]]),
+        (80, [[2, 3], [0, 1]]),
+        (81, [[3], [0, 1, 2]]),
+        (160, [[0, 1, 2, 3]]),
+        (1e9, [[0, 1, 2, 3]]),
     ],
 )
 def test_bucket_closes_once_target_reached(target, expected):
@@ -84,8 +94,8 @@ def test_bucket_closes_once_target_reached(target, expected):
 def test_parameters_are_never_split():
     params = _params(1000, 3, 5000)  # target much smaller than any large parameter
     plan = BucketPlan(params, 100)
-    assert plan.buckets == [[2], [1, 0]]
-    assert plan.bucket_bytes == [20000, 4012]
+    assert plan.buckets == [[1, 2], [0]]
+    assert plan.bucket_bytes == [20012, 4000]
     _check_invariants(plan, 100)
 
 
@@ -94,12 +104,12 @@ def test_views_alias_the_buffer():
     plan = BucketPlan(params, 1e9)
     (buf,) = plan.buffers
     buf.copy_(torch.arange(buf.numel(), dtype=torch.float32))
-    # order in the buffer: params 2, 1, 0
-    assert torch.equal(plan.views[2].reshape(-1), torch.arange(0, 8, dtype=torch.float32))
-    assert torch.equal(plan.views[1], torch.arange(8, 13, dtype=torch.float32))
-    assert torch.equal(plan.views[0].reshape(-1), torch.arange(13, 25, dtype=torch.float32))
+    # order in the buffer: params 0, 1, 2 (DDP's layout)
+    assert torch.equal(plan.views[0].reshape(-1), torch.arange(0, 12, dtype=torch.float32))
+    assert torch.equal(plan.views[1], torch.arange(12, 17, dtype=torch.float32))
+    assert torch.equal(plan.views[2].reshape(-1), torch.arange(17, 25, dtype=torch.float32))
     plan.views[0].fill_(-1.0)
-    assert bool((buf[13:25] == -1).all()) and bool((buf[:13] >= 0).all())
+    assert bool((buf[:12] == -1).all()) and bool((buf[12:] >= 0).all())
     assert plan.views[0]._base is buf or plan.views[0].untyped_storage().data_ptr() == (
         buf.untyped_storage().data_ptr()
     )
@@ -108,13 +118,13 @@ def test_views_alias_the_buffer():
 def test_zero_size_scalar_and_one_element_parameters():
     params = _params((0, 3), (1,), (), (4, 0), (6,))
     plan = BucketPlan(params, 1e9)
-    assert plan.buckets == [[4, 3, 2, 1, 0]]
+    assert plan.buckets == [[0, 1, 2, 3, 4]]
     assert plan.bucket_bytes == [4 * (6 + 1 + 1)]
     assert plan.views[0].shape == (0, 3) and plan.views[3].shape == (4, 0)
     assert plan.views[2].shape == () and plan.views[1].shape == (1,)
     plan.views[2].fill_(7.0)
     plan.views[1].fill_(9.0)
-    assert plan.buffers[0].tolist() == [0, 0, 0, 0, 0, 0, 7.0, 9.0]
+    assert plan.buffers[0].tolist() == [9.0, 7.0, 0, 0, 0, 0, 0, 0]
     _check_invariants(plan, 1e9)
     # a single 1-element parameter, and a single empty one
     one = BucketPlan(_params((1,)), 1)
@@ -142,17 +152,13 @@ def test_mixed_dtypes_get_separate_buckets():
     c = torch.nn.Parameter(torch.zeros(3))
     d = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))
     plan = BucketPlan([a, b, c, d], 1e9)
-    assert plan.buckets == [[3], [2], [1], [0]]
-    assert [buf.dtype for buf in plan.buffers] == [
-        torch.float16,
-        torch.float32,
-        torch.float64,
-        torch.float32,
-    ]
-    assert plan.bucket_bytes == [4, 12, 32, 16]
+    # DDP keeps one open bucket per dtype: a and c share one
+    assert plan.buckets == [[3], [1], [0, 2]]
+    assert [buf.dtype for buf in plan.buffers] == [torch.float16, torch.float64, torch.float32]
+    assert plan.bucket_bytes == [4, 32, 28]
     _check_invariants(plan, 1e9)
     same = BucketPlan([a, c, b], 1e9)
-    assert same.buckets == [[2], [1, 0]]
+    assert same.buckets == [[2], [0, 1]]
 
 
 def test_frozen_parameters_are_skipped():
@@ -193,7 +199,3 @@ def test_plan_invariants_property(sizes, dtypes, target):
     ]
     plan = BucketPlan(params, target)
     _check_invariants(plan, target)
-    # consecutive buckets with one dtype: the earlier one reached the target
-    for b in range(len(plan) - 1):
-        if plan.buffers[b].dtype == plan.buffers[b + 1].dtype:
-            assert plan.bucket_bytes[b] >= target

@@ -42,3 +42,27 @@ def test_replay_refuses_policy_for_other_menu(tmp_path):
     proc = _cli(["replay", "--policy", str(policy), "--steps", "2"], tmp_path)
     assert proc.returncode == 2
     assert "action menu 'compression'" in proc.stderr
+
+
+def test_replay_takes_a_preset_as_policy(tmp_path):
+    # the same names `evaluate --baselines` takes; the preset runs from the first step
+    proc = _cli(
+        [
+            "replay",
+            "--policy",
+            "static:int8/4MB/H1",
+            "--baselines",
+            "static:fp16-dense",
+            "--steps",
+            "4",
+            "--steps-per-decision",
+            "2",
+            "--time-budget-s",
+            "5",
+        ],
+        tmp_path,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
+    assert "policy (static:int8/4MB/H1)" in out
+    assert "final config int8/4MB/H1" in out and "0 configuration changes" in out
