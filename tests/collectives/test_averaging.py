@@ -227,12 +227,14 @@ def rank_resume(rank, world, spec):
         _train_step(model, opt, sync, rank, step)
     expected = _flat_params(model)
 
+    # resume as documented: construct (which broadcasts rank 0's parameters, as DDP),
+    # then every rank loads its own checkpoint (mid-period the replicas differ)
     torch.manual_seed(1)
     model2 = mlp()
-    model2.load_state_dict(saved[0])
     opt2 = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)
-    opt2.load_state_dict(saved[1])
     sync2 = GradientSynchronizer(model2, CommConfig(spec, bucket_mb=0.01, sync_period=3))
+    model2.load_state_dict(saved[0])
+    opt2.load_state_dict(saved[1])
     sync2.load_state_dict(saved[2])
     for step in range(4, 10):
         _train_step(model2, opt2, sync2, rank, step)
