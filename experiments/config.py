@@ -26,7 +26,8 @@ class RunConfig:
         timesteps: decisions used to train the agent.
         seed: seed of the agent and of the training episodes.
         env: ``EnvConfig`` fields (``workload``, ``world_size``, ``steps_per_decision``,
-            ``time_budget_s``, ``action_menu``, ...).
+            ``time_budget_s``, ``action_menu``, ...); resolved once into ``env_config``
+            (an ``EnvConfig``, set by ``__post_init__``), which the real env is built from.
         episodes: evaluation episodes per agent (seeds ``eval_seed + i``).
         eval_seed: first evaluation seed (shared by every compared agent).
         baselines: agents compared with the trained policy.
@@ -73,7 +74,8 @@ class RunConfig:
         from commgym.agents import AGENTS
         from commgym.env import EnvConfig
 
-        EnvConfig(**self.env)  # validate early, with EnvConfig's messages
+        # resolved and validated once, here; the env is built from this very object
+        self.env_config = EnvConfig(**self.env)
         for name in [self.agent, *self.baselines]:
             base = name.split(":", 1)[0]
             if base != "static" and base not in AGENTS:
@@ -90,9 +92,7 @@ class RunConfig:
         """
         d = asdict(self)
         if resolved:
-            from commgym.env import EnvConfig
-
-            d["env"] = EnvConfig(**self.env).to_dict()
+            d["env"] = self.env_config.to_dict()
         return d
 
 

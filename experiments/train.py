@@ -49,7 +49,7 @@ class EpisodeResult:
 def _make_env(cfg: RunConfig) -> gym.Env:
     import commgym.env  # noqa: F401 - registers the env
 
-    return gym.make("commgym/AllReduce-v0", **cfg.env)
+    return gym.make("commgym/AllReduce-v0", config=cfg.env_config)
 
 
 def run_episode(

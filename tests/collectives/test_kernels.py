@@ -443,6 +443,7 @@ def test_cpu_tensors_rejected_outside_interpreter():
 
 
 @needs_triton
+@pytest.mark.timeout(1500)
 def test_parity_under_interpreter_in_subprocess():
     """Run this file's interpreter parity tests in a fresh process with TRITON_INTERPRET=1."""
     if T.INTERPRETED:
@@ -455,10 +456,12 @@ def test_parity_under_interpreter_in_subprocess():
     ]  # fmt: skip
     try:
         proc = subprocess.run(
-            cmd, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=270
+            cmd, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200
         )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"interpreter parity run exceeded 270 s:\n{(exc.stdout or '')[-4000:]}")
+        # a hang, not slowness: the run takes minutes on an idle 2-core machine and
+        # several times that next to other CPU-heavy jobs
+        pytest.fail(f"interpreter parity run exceeded 1200 s:\n{(exc.stdout or '')[-4000:]}")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"interpreter parity run failed:\n{out[-8000:]}"
     passed = re.search(r"(\d+) passed", out)

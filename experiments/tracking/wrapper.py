@@ -1,0 +1,207 @@
+"""The gymnasium wrapper that logs every decision of an env to a :class:`RunLogger`."""
+
+from __future__ import annotations
+
+import csv
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from commgym.experiments.tracking.run import RunLogger
+
+
+def _action_indices(action: Any) -> list[int] | None:
+    try:
+        arr = np.asarray(action).reshape(-1)
+    except Exception:
+        return None
+    if arr.size == 0 or not np.issubdtype(arr.dtype, np.number):
+        return None
+    return [int(x) for x in arr]
+
+
+def _scalar(v: Any) -> float | None:
+    if v is None or isinstance(v, str):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+class TrackingWrapper(gym.Wrapper):
+    """Logs every decision of a ``commgym/AllReduce-v0`` env to a :class:`RunLogger`.
+
+    After each ``step`` it logs, with ``step`` = the running decision count over all
+    episodes (1 after the first decision):
+
+    =========================  ==========================================================
+    metric                     source
+    =========================  ==========================================================
+    ``env/reward``             the step's reward
+    ``env/train_time_s``       ``info["train_time_s"]`` (training time in the episode, s)
+    ``comm/bytes_per_step``    ``measured["bytes_per_step"]`` (B per iteration)
+    ``comm/step_time_s``       ``measured["step_time_s"]``
+    ``comm/comm_wait_s``       ``measured["comm_wait_s"]``
+    ``comm/compress_s``        ``measured["compress_s"]``
+    ``comm/compression_error`` ``measured["compression_error"]`` (when not ``None``)
+    ``train/loss``             ``measured["train_loss"]``
+    ``train/eval_loss``        ``measured["eval_loss"]``
+    ``train/eval_acc``         ``measured["eval_acc"]``
+    ``train/grad_norm``        ``measured["grad_norm"]``
+    ``action/compression``     menu index of the compression (first action component)
+    ``action/bucket_mb``       ``info["action"]["bucket_mb"]`` (MiB)
+    ``action/sync_period``     ``info["action"]["sync_period"]``
+    =========================  ==========================================================
+
+    and at each episode end ``episode/return`` and ``episode/length`` with ``step`` = the
+    episode index (0-based). Each decision also becomes a row of raw values (non-finite
+    ones included), the configuration string and the end reason; :meth:`close` writes
+    them as artifact ``decisions.csv`` (or call :meth:`write_csv`). It reads only
+    ``info`` and the action. Logging problems never raise out of ``step``.
+
+    Args:
+        env: the env (``AllReduceEnv`` or anything with the same ``info`` shape).
+        run: where to log.
+        prefix: prepended to every metric name (``"eval"`` gives ``eval/env/reward``).
+    """
+
+    def __init__(self, env: gym.Env, run: RunLogger, prefix: str = "") -> None:
+        super().__init__(env)
+        self.run = run
+        self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        self.rows: list[dict[str, Any]] = []
+        self.decisions = 0
+        self.episodes = 0
+        self._ep_return = 0.0
+        self._ep_length = 0
+        self._closed = False
+
+    def reset(self, **kwargs: Any):  # noqa: D102
+        self._ep_return = 0.0
+        self._ep_length = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action: Any):  # noqa: D102
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        try:
+            self._record(action, reward, terminated, truncated, info)
+        except Exception as err:  # logging must never kill training
+            self.run.tracker._warn(
+                f"wrapper:{type(err).__name__}",
+                f"TrackingWrapper could not record a step ({type(err).__name__}: {err})",
+            )
+        return obs, reward, terminated, truncated, info
+
+    def _menu_index(self, action: Any, info: Mapping[str, Any]) -> int | None:
+        idx = _action_indices(action)
+        if idx is not None and len(idx) >= 3:
+            return idx[0]
+        # a flattened (Discrete) action: look the spec up in the env's menu
+        menu = getattr(self.env.unwrapped, "menu", None)
+        comp = (info.get("action") or {}).get("compression")
+        if menu is not None and comp is not None and comp in getattr(menu, "compression", ()):
+            return list(menu.compression).index(comp)
+        return None
+
+    def _record(self, action, reward, terminated, truncated, info) -> None:
+        self.decisions += 1
+        self._ep_length += 1
+        r = _scalar(reward)
+        self._ep_return += r if r is not None else 0.0
+        m: Mapping[str, Any] = info.get("measured") or {}
+        act: Mapping[str, Any] = info.get("action") or {}
+        comp_idx = self._menu_index(action, info)
+        metrics = {
+            "env/reward": r,
+            "env/train_time_s": _scalar(info.get("train_time_s")),
+            "comm/bytes_per_step": _scalar(m.get("bytes_per_step")),
+            "comm/step_time_s": _scalar(m.get("step_time_s")),
+            "comm/comm_wait_s": _scalar(m.get("comm_wait_s")),
+            "comm/compress_s": _scalar(m.get("compress_s")),
+            "comm/compression_error": _scalar(m.get("compression_error")),
+            "train/loss": _scalar(m.get("train_loss")),
+            "train/eval_loss": _scalar(m.get("eval_loss")),
+            "train/eval_acc": _scalar(m.get("eval_acc")),
+            "train/grad_norm": _scalar(m.get("grad_norm")),
+            "action/compression": comp_idx,
+            "action/bucket_mb": _scalar(act.get("bucket_mb")),
+            "action/sync_period": _scalar(act.get("sync_period")),
+        }
+        self.run.log_metrics({self.prefix + k: v for k, v in metrics.items()}, step=self.decisions)
+
+        idx = _action_indices(action)
+        row: dict[str, Any] = {
+            "decision": self.decisions,
+            "episode": self.episodes,
+            "episode_decision": info.get("decision", self._ep_length),
+            "train_time_s": info.get("train_time_s"),
+            "reward": reward,
+            "action": " ".join(map(str, idx)) if idx is not None else str(action),
+            "config": info.get("config"),
+            "compression": act.get("compression"),
+            "compression_index": comp_idx,
+            "bucket_mb": act.get("bucket_mb"),
+            "sync_period": act.get("sync_period"),
+        }
+        for k, v in m.items():
+            key = f"decision_{k}" if k == "train_time_s" else k
+            row[key] = v if not isinstance(v, list | tuple) else " ".join(map(str, v))
+        row["terminated"] = bool(terminated)
+        row["truncated"] = bool(truncated)
+        row["reason"] = info.get("reason")
+        if "failure" in info:
+            row["failure"] = info["failure"]
+        self.rows.append(row)
+
+        if terminated or truncated:
+            self.run.log_metrics(
+                {
+                    self.prefix + "episode/return": self._ep_return,
+                    self.prefix + "episode/length": self._ep_length,
+                },
+                step=self.episodes,
+            )
+            self.episodes += 1
+            self._ep_return = 0.0
+            self._ep_length = 0
+
+    def write_csv(self, path: str | os.PathLike[str]) -> Path:
+        """Write the per-decision rows (raw values, ``nan``/``inf`` kept) as CSV.
+
+        Args:
+            path: destination file (parent directories are created).
+
+        Returns:
+            The path written.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fields: dict[str, None] = {}
+        for row in self.rows:
+            fields.update(dict.fromkeys(row))
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(fields), restval="")
+            writer.writeheader()
+            writer.writerows(self.rows)
+        return path
+
+    def close(self) -> None:
+        """Log ``decisions.csv`` and flush the run (once), then close the env."""
+        if not self._closed:
+            self._closed = True
+            try:
+                with tempfile.TemporaryDirectory(prefix="commgym-") as tmp:
+                    self.run.log_artifact(self.write_csv(Path(tmp) / "decisions.csv"))
+                self.run.flush()
+            except Exception as err:  # logging must never kill training
+                self.run.tracker._warn(
+                    f"wrapper-close:{type(err).__name__}",
+                    f"TrackingWrapper could not save decisions.csv ({type(err).__name__}: {err})",
+                )
+        super().close()
