@@ -399,6 +399,17 @@ _CMD_TIMEOUT_S = 15.0
 _HZ = 250
 
 
+def tbf_burst_bytes(rate_bit_s: float, mtu: int = 1500) -> int:
+    """Token-bucket depth of each shaped link, bytes (see the module docstring).
+
+    A transfer shorter than this passes at the sender's own speed once the bucket has
+    refilled (``burst * 8 / rate`` seconds idle), which is why a per-decision bandwidth
+    can read above the configured rate; over a window of ``t`` seconds a link carries at
+    most ``rate * t / 8 + burst`` bytes.
+    """
+    return int(max(rate_bit_s / 8 / _HZ, 128 * 1024, 10 * mtu))
+
+
 def _effective_caps() -> int:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -897,8 +908,7 @@ class EmulatedNetwork:
         _run(["ip", "-n", ns, "link", "set", p, "up"])
 
     def _tbf_args(self, spec: NetworkSpec) -> list[str]:
-        rate_bytes = spec.rate_bit_s / 8
-        burst = int(max(rate_bytes / _HZ, 128 * 1024, 10 * self.mtu))
+        burst = tbf_burst_bytes(spec.rate_bit_s, self.mtu)
         return ["tbf", "rate", f"{spec.rate_bit_s}bit", "burst", str(burst), "latency", "10ms"]
 
     def _netem_args(self, spec: NetworkSpec) -> list[str]:

@@ -75,6 +75,10 @@ LOCK_RETRIES = 12
 #: set the variables): fail within seconds instead of MLflow's minutes of back-off.
 HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 
+#: Experiment tags: MLflow 3's UI opens an untagged experiment in its GenAI view (traces,
+#: prompts); ``custom_model_development`` opens the model-training view (runs, charts).
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+
 _ENV_LOCK = threading.RLock()
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -328,10 +332,13 @@ class Tracker:
                     exp = self.client.get_experiment_by_name(self.experiment)
                     if exp is not None:
                         self.experiment_id = exp.experiment_id
+                        self._mark_kind(exp.tags)
                         return
                     try:
                         self.experiment_id = self.client.create_experiment(
-                            self.experiment, artifact_location=self._artifact_location()
+                            self.experiment,
+                            artifact_location=self._artifact_location(),
+                            tags=EXPERIMENT_TAGS,
                         )
                         return
                     except MlflowException:
@@ -350,6 +357,12 @@ class Tracker:
                 time.sleep(min(1.0, 0.05 * 2**attempt) * (0.5 + random.random()))
         assert last is not None
         raise last
+
+    def _mark_kind(self, tags: Mapping[str, str]) -> None:
+        """Tag an experiment created before :data:`EXPERIMENT_TAGS` existed (once)."""
+        for key, value in EXPERIMENT_TAGS.items():
+            if key not in tags:
+                self.client.set_experiment_tag(self.experiment_id, key, value)
 
     def _artifact_location(self) -> str | None:
         if self.tracking_uri.startswith("sqlite:///"):
@@ -458,8 +471,9 @@ def _truncate(value: str, limit: int) -> str:
 class RunLogger:
     """Logs to one MLflow run; a context manager that ends the run.
 
-    Leaving the ``with`` block ends the run ``FINISHED`` (``FAILED`` when an exception
-    escapes it; the exception is re-raised). All methods are thread-safe and never raise
+    Leaving the ``with`` block ends the run ``FINISHED`` (``KILLED`` when a
+    ``KeyboardInterrupt`` escapes it, ``FAILED`` for any other exception; the exception
+    is re-raised). All methods are thread-safe and never raise
     on store failures (they warn once per kind of failure and continue). A logger whose
     :attr:`run_id` is ``None`` (disabled tracker) accepts every call and records nothing.
 
@@ -505,7 +519,10 @@ class RunLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.end("FAILED" if exc_type is not None else "FINISHED")
+        if exc_type is None:
+            self.end("FINISHED")
+        else:  # Ctrl-C, and SIGTERM/SIGHUP through the CLI's handler, are interruptions
+            self.end("KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED")
 
     # -- params and tags ----------------------------------------------------------------
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -729,15 +746,26 @@ class TrackingWrapper(gym.Wrapper):
     them as artifact ``decisions.csv`` (or call :meth:`write_csv`). It reads only
     ``info`` and the action. Logging problems never raise out of ``step``.
 
+    With ``log_decisions=False`` only the learning curve is logged: ``episode/return``
+    and ``episode/length`` with ``step`` = decisions so far (timesteps), as SB3 plots
+    it. That is what a run over thousands of training decisions should hold: one metric
+    point per decision and metric (14 x 20,000 for the default ``commgym train``) made
+    the MLflow store ~80 MB and the charts unreadable; the rows (and so the CSV) are
+    kept either way.
+
     Args:
         env: the env (``AllReduceEnv`` or anything with the same ``info`` shape).
         run: where to log.
         prefix: prepended to every metric name (``"eval"`` gives ``eval/env/reward``).
+        log_decisions: log the per-decision metrics above (``False``: learning curve only).
     """
 
-    def __init__(self, env: gym.Env, run: RunLogger, prefix: str = "") -> None:
+    def __init__(
+        self, env: gym.Env, run: RunLogger, prefix: str = "", *, log_decisions: bool = True
+    ) -> None:
         super().__init__(env)
         self.run = run
+        self.log_decisions = bool(log_decisions)
         self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
         self.rows: list[dict[str, Any]] = []
         self.decisions = 0
@@ -797,7 +825,10 @@ class TrackingWrapper(gym.Wrapper):
             "action/bucket_mb": _scalar(act.get("bucket_mb")),
             "action/sync_period": _scalar(act.get("sync_period")),
         }
-        self.run.log_metrics({self.prefix + k: v for k, v in metrics.items()}, step=self.decisions)
+        if self.log_decisions:
+            self.run.log_metrics(
+                {self.prefix + k: v for k, v in metrics.items()}, step=self.decisions
+            )
 
         idx = _action_indices(action)
         row: dict[str, Any] = {
@@ -829,7 +860,7 @@ class TrackingWrapper(gym.Wrapper):
                     self.prefix + "episode/return": self._ep_return,
                     self.prefix + "episode/length": self._ep_length,
                 },
-                step=self.episodes,
+                step=self.episodes if self.log_decisions else self.decisions,
             )
             self.episodes += 1
             self._ep_return = 0.0

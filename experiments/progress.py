@@ -1,0 +1,72 @@
+"""Progress bars for the CLI's long phases (rich), one look for every phase.
+
+Every phase of a command that can take more than a few seconds (recording real
+decisions, fitting the surrogate, learning, tuning a baseline, evaluating on real ranks,
+replaying, starting the UI) runs inside :func:`phase`, which shows what is being done,
+how far it is and an estimate of the time left (rich's ``TimeRemainingColumn``: the rate
+over the last 30 s). Phases of unknown length show a spinner and the elapsed time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["phase"]
+
+
+@contextlib.contextmanager
+def phase(
+    description: str,
+    total: float | None = None,
+    *,
+    unit: str = "",
+    console: Any = None,
+) -> Iterator[Callable[[float], None]]:
+    """Show a progress bar while the ``with`` block runs.
+
+    Args:
+        description: what is being done, e.g. ``"recording real decisions"``.
+        total: amount of work in ``unit`` (``None``: unknown, a spinner is shown).
+        unit: unit of ``total`` printed after the count (``"decisions"``, ``"s training"``).
+        console: the ``rich.console.Console`` to draw on (default: the one the
+            comparison tables use).
+
+    Yields:
+        ``advance(amount=1)``: records finished work (ignored beyond ``total``).
+    """
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    if console is None:
+        from commgym.experiments.train import console
+    columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}")]
+    if total is not None:
+        count = (
+            MofNCompleteColumn()
+            if float(total).is_integer()
+            else TextColumn("{task.completed:.1f}/{task.total:.1f}")
+        )
+        columns += [BarColumn(), count, TextColumn(unit), TaskProgressColumn()]
+        columns += [TextColumn("eta"), TimeRemainingColumn(), TextColumn("elapsed")]
+    columns.append(TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task(description, total=total)
+
+        def advance(amount: float = 1.0) -> None:
+            t = progress.tasks[0]
+            left = (t.total - t.completed) if t.total is not None else amount
+            progress.advance(task, min(float(amount), max(left, 0.0)))
+
+        yield advance
+        if total is not None:
+            progress.update(task, completed=total)
