@@ -10,10 +10,17 @@ over the last 30 s). Phases of unknown length show a spinner and the elapsed tim
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["phase"]
+from rich.console import Console
+
+__all__ = ["console", "phase"]
+
+#: The console of tables, messages and progress bars; wide enough for the comparison
+#: table when output is piped or captured (no terminal).
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 @contextlib.contextmanager
@@ -22,7 +29,7 @@ def phase(
     total: float | None = None,
     *,
     unit: str = "",
-    console: Any = None,
+    to: Console | None = None,
 ) -> Iterator[Callable[[float], None]]:
     """Show a progress bar while the ``with`` block runs.
 
@@ -30,8 +37,7 @@ def phase(
         description: what is being done, e.g. ``"recording real decisions"``.
         total: amount of work in ``unit`` (``None``: unknown, a spinner is shown).
         unit: unit of ``total`` printed after the count (``"decisions"``, ``"s training"``).
-        console: the ``rich.console.Console`` to draw on (default: the one the
-            comparison tables use).
+        to: the console to draw on (default: :data:`console`).
 
     Yields:
         ``advance(amount=1)``: records finished work (ignored beyond ``total``).
@@ -47,8 +53,6 @@ def phase(
         TimeRemainingColumn,
     )
 
-    if console is None:
-        from commgym.experiments.train import console
     columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}")]
     if total is not None:
         count = (
@@ -59,7 +63,7 @@ def phase(
         columns += [BarColumn(), count, TextColumn(unit), TaskProgressColumn()]
         columns += [TextColumn("eta"), TimeRemainingColumn(), TextColumn("elapsed")]
     columns.append(TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
+    with Progress(*columns, console=to or console, transient=False) as progress:
         task = progress.add_task(description, total=total)
 
         def advance(amount: float = 1.0) -> None:
