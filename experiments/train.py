@@ -269,22 +269,16 @@ def _compare(
                     target_loss=target,
                 )
             )
-    figures.append(
-        comparison_plot(
-            {
-                _return_label(cfg): {n: [e.episode_return for e in r] for n, r in results.items()},
-                "time to target (s)": {
-                    n: [math.nan if e.time_to_target_s is None else e.time_to_target_s for e in r]
-                    for n, r in results.items()
-                },
-                "bytes per step (B)": {
-                    n: [e.bytes_per_step for e in r] for n, r in results.items()
-                },
-            },
-            None,
-            out / "comparison.png",
-        )
-    )
+    panels: dict[str, dict[str, list[float]]] = {
+        _return_label(cfg): {n: [e.episode_return for e in r] for n, r in results.items()}
+    }
+    if target is not None:  # seeds that never reached the target are left out (n= says so)
+        panels["time to target (s)"] = {
+            n: [math.nan if e.time_to_target_s is None else e.time_to_target_s for e in r]
+            for n, r in results.items()
+        }
+    panels["bytes per step (B)"] = {n: [e.bytes_per_step for e in r] for n, r in results.items()}
+    figures.append(comparison_plot(panels, None, out / "comparison.png"))
     figures.append(
         loss_curves_plot(
             {n: [e.rows for e in r] for n, r in results.items()},
