@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -225,27 +226,28 @@ def _fail(err: Exception | str) -> None:
 
 
 def _check_writable_dir(path: str | os.PathLike[str], what: str) -> None:
-    """Fail unless ``path`` is, or can be created as, a writable folder (creates nothing).
+    """Fail unless ``path`` is, or can be created as, a writable folder (leaves nothing).
 
     Raises:
         ValueError: a component is a file, or the nearest existing folder is not writable.
     """
     p = Path(path).expanduser().absolute()
     probe = p
-    while not probe.exists():
-        probe = probe.parent
+    try:
+        while not probe.exists():
+            probe = probe.parent
+    except OSError as err:  # an ancestor cannot be searched
+        raise ValueError(f"{what} {str(path)!r} is not writable ({err.strerror})") from None
     if not probe.is_dir():
         raise ValueError(f"{what} {str(path)!r} cannot be created: {probe} is a file, not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        why = "read-only file system" if _read_only(probe) else "permission denied"
-        raise ValueError(f"{what} {str(path)!r} is not writable ({probe}: {why})")
-
-
-def _read_only(path: Path) -> bool:
+    # a real probe, created and removed at once: permission bits say nothing for root,
+    # and pseudo file systems (/proc) refuse folders whatever they say
     try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
+        os.rmdir(tempfile.mkdtemp(prefix=".commgym-probe-", dir=probe))
+    except OSError as err:
+        raise ValueError(
+            f"{what} {str(path)!r} is not writable ({probe}: {err.strerror or err})"
+        ) from None
 
 
 def _check_tracking(uri: str | None) -> None:

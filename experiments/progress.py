@@ -63,7 +63,11 @@ def phase(
         columns += [BarColumn(), count, TextColumn(unit), TaskProgressColumn()]
         columns += [TextColumn("eta"), TimeRemainingColumn(), TextColumn("elapsed")]
     columns.append(TimeElapsedColumn())
-    with Progress(*columns, console=to or console, transient=False) as progress:
+    out = to or console
+    if not out.is_terminal:
+        # piped or logged output gets rich's bar only once, at the end: say what starts now
+        out.print(f"{description} ...")
+    with Progress(*columns, console=out, transient=False) as progress:
         task = progress.add_task(description, total=total)
 
         def advance(amount: float = 1.0) -> None:
