@@ -112,7 +112,7 @@ def replay(
     import commgym.env  # noqa: F401 - registers the env
     from commgym.agents import load_agent, make_agent
     from commgym.experiments.config import RunConfig
-    from commgym.experiments.train import _print_table
+    from commgym.experiments.train import _print_table, _start_ranks
 
     env_kw: dict[str, Any] = {
         "workload": workload,
@@ -139,6 +139,7 @@ def replay(
         agents: dict[str, Any] = {f"policy ({Path(policy).name})": timed}
         for name in baselines:
             agents[name] = make_agent(name, env.unwrapped, seed=seed)
+        _start_ranks(cfg, env)  # says which network the ranks run on
         for label, a in agents.items():
             results[label] = _replay_one(env, a, seed, label, target_loss, time_budget_s)
     finally:
