@@ -26,9 +26,9 @@ the scheduler
 2. measures what a rank of the env measures for a decision (wall time per iteration,
    ``StepStats`` timings and bytes, training loss, held-out loss) and exchanges these
    scalars with ONE small all-gather (18 float64 per rank);
-3. aggregates them with :func:`commgym.env.spaces.aggregate_measurements` and builds the
-   observation with :meth:`commgym.env.spaces.ObservationBuilder.build`, the very code
-   the environment runs, so the policy sees the observation it was trained on;
+3. aggregates them with :meth:`commgym.env.measure.DecisionMeasurement.from_ranks` and
+   builds the observation with :meth:`commgym.env.measure.ObservationBuilder.build`, the
+   very code the environment runs, so the policy sees the observation it was trained on;
 4. asks the policy for an action on rank 0 only (``predict(obs, deterministic=True)``),
    broadcasts the three menu indices, and reconfigures the synchronizer on every rank at
    the same step.
@@ -78,39 +78,21 @@ import torch.distributed as dist
 from commgym.agents.base import Agent, _LayoutEnv, check_compatible, read_policy_json
 from commgym.collectives import CommConfig, GradientSynchronizer
 from commgym.collectives.stats import StepStats
-from commgym.env.spaces import (
-    ActionMenu,
-    ObservationBuilder,
-    aggregate_measurements,
+from commgym.env.measure import (
+    RANK_FIELDS,
+    DecisionMeasurement,
+    DecisionRecorder,
+    RankMeasurement,
     combine_eval,
 )
+from commgym.env.spaces import ActionMenu, ObservationBuilder
 
 __all__ = ["EXCHANGED_FIELDS", "CommScheduler", "DecisionRecord", "resolve_policy"]
 
-#: Per-rank scalars exchanged at every decision (one float64 each; ``None`` as NaN).
-#: The keys are those of the env worker's ``step`` reply that
-#: :func:`~commgym.env.spaces.aggregate_measurements` reads.
-EXCHANGED_FIELDS: tuple[str, ...] = (
-    "train_time_s",
-    "step_time_s",
-    "steps",
-    "compute_s",
-    "comm_wait_s",
-    "compress_s",
-    "comm_s",
-    "bytes_per_step",
-    "bytes_total",
-    "train_loss",
-    "eval_loss",
-    "eval_acc",
-    "eval_n",
-    "eval_s",
-    "grad_norm",
-    "compression_error",
-    "nonfinite",
-    "samples",
-)
-_INT_FIELDS = frozenset({"steps", "eval_n", "samples"})
+#: Per-rank scalars exchanged at every decision (one float64 each; ``None`` as NaN): the
+#: fields of :class:`~commgym.env.measure.RankMeasurement` but ``bucket_bytes``, which is
+#: identical on every rank (same bucket plan) and stays local.
+EXCHANGED_FIELDS: tuple[str, ...] = tuple(k for k in RANK_FIELDS if k != "bucket_bytes")
 
 
 def resolve_policy(
@@ -171,7 +153,7 @@ class DecisionRecord:
         action: its menu indices ``(compression, bucket, period)``.
         changed: whether the configuration changed.
         observation: the observation the policy saw (float32 values as a tuple).
-        measured: aggregated measurements (see ``aggregate_measurements``).
+        measured: aggregated measurements (``DecisionMeasurement.to_dict()``).
         train_time_s: training time so far (the env's definition), seconds.
         elapsed_frac: ``train_time_s / time_budget_s`` clipped to 1 (0 without a budget).
         policy_s: rank 0's ``predict`` time, seconds.
@@ -339,7 +321,7 @@ class CommScheduler:
         self._state: Any = None
         self._episode_start = True
         self._pending_s = 0.0  # reconfigure time counted in the next window (env's rule)
-        self._reset_window()
+        self._recorder = DecisionRecorder()
         self._t_mark: float | None = None
         self._hook = model.register_forward_pre_hook(self._on_forward)
         self._closed = False
@@ -399,21 +381,21 @@ class CommScheduler:
         if self._closed:
             raise RuntimeError("CommScheduler.step() after close()")
         sync = self.sync
-        if len(self._walls) == self.decision_every - 1:
+        rec = self._recorder
+        if len(rec) == self.decision_every - 1:
             sync.request_error_measurement()  # compression error of the window's last step
         st = sync.synchronize()
         self.optimizer.step()
         avg = sync.after_optimizer_step()
         now = time.perf_counter()
         start = self._t_mark if self._t_mark is not None else now - st.step_time_s
-        self._walls.append(now - start - float(getattr(st, "instrumentation_s", 0.0)))
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach()
+        wall_s = now - start - float(getattr(st, "instrumentation_s", 0.0))
+        rec.record_step(wall_s, loss, st, avg.bytes_sent)
         self._t_mark = now
-        if loss is not None:
-            self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
-        self._stats.append(st)
-        self._avg_bytes += avg.bytes_sent
         self.optimizer_steps += 1
-        if len(self._walls) >= self.decision_every:
+        if len(rec) >= self.decision_every:
             self._decide()
             self._t_mark = time.perf_counter()  # the decision is not training time
         return st
@@ -467,10 +449,7 @@ class CommScheduler:
             self._t_mark = time.perf_counter()
 
     def _reset_window(self) -> None:
-        self._walls: list[float] = []
-        self._losses: list[Any] = []
-        self._stats: list[StepStats] = []
-        self._avg_bytes = 0
+        self._recorder.reset()
 
     def _evaluate(self) -> tuple[float, float, int]:
         if self.eval_fn is None:
@@ -479,74 +458,61 @@ class CommScheduler:
         value = float(self.eval_fn())
         return value, time.perf_counter() - t0, 1
 
-    def _measure(self, consensus_s: float, consensus_comm_s: float, avg_bytes: int) -> dict:
-        """This rank's measurements of the window, keyed like the env worker's reply."""
-        stats, walls = self._stats, self._walls
-        steps = len(walls)
-        losses = self._losses
-        if losses:
-            train_loss = float(torch.stack([torch.as_tensor(x).float() for x in losses]).mean())
-        else:
-            train_loss = math.nan
+    def _measure(
+        self, consensus_s: float, consensus_comm_s: float, consensus_bytes: int
+    ) -> RankMeasurement:
+        """This rank's record of the window (the env worker's, with the replay's eval)."""
+        rec = self._recorder
+        train_loss = rec.train_loss()
         if self.eval_fn is not None:
             eval_loss, eval_s, eval_n = self._evaluate()
         else:
             eval_loss, eval_s, eval_n = train_loss, 0.0, 1
-        nonfinite = (
-            any(s.nonfinite for s in stats)
-            or (bool(losses) and not math.isfinite(train_loss))
-            or (self.eval_fn is not None and not math.isfinite(eval_loss))
+        return rec.finish(
+            overhead_s=consensus_s + self._pending_s,
+            consensus_comm_s=consensus_comm_s,
+            consensus_bytes=consensus_bytes,
+            eval_loss=eval_loss,
+            eval_acc=math.nan,
+            eval_n=eval_n,
+            eval_s=eval_s,
+            samples=0,
+            train_loss=train_loss,
+            check_eval=self.eval_fn is not None,
         )
-        last = stats[-1] if stats else None
-        total_bytes = sum(s.bytes_sent for s in stats) + avg_bytes
-        return {
-            "train_time_s": sum(walls) + consensus_s + self._pending_s,
-            "step_time_s": statistics.median(walls) if walls else 0.0,
-            "steps": steps,
-            "compute_s": _mean([s.compute_s for s in stats]),
-            "comm_wait_s": _mean([s.comm_wait_s for s in stats]),
-            "compress_s": _mean([s.compress_s for s in stats]),
-            "comm_s": sum(s.comm_wait_s for s in stats) + consensus_comm_s,
-            "bytes_per_step": total_bytes / max(steps, 1),
-            "bytes_total": total_bytes,
-            "train_loss": train_loss,
-            "eval_loss": eval_loss,
-            "eval_acc": math.nan,
-            "eval_n": eval_n,
-            "eval_s": eval_s,
-            "grad_norm": last.grad_norm if last else 0.0,
-            "compression_error": last.compression_error if last else None,
-            "nonfinite": nonfinite,
-            "samples": 0,
-            "bucket_bytes": list(last.bucket_bytes) if last else [],
-        }
 
-    def _exchange(self, local: dict[str, Any]) -> list[dict[str, Any]]:
-        """All-gather this rank's scalars; returns every rank's dict (rank order).
+    def _exchange(self, local: RankMeasurement | dict[str, Any]) -> list[RankMeasurement]:
+        """All-gather this rank's scalars; returns every rank's record (rank order).
 
-        Fields missing from ``local`` travel as NaN; ``bucket_bytes`` (identical on every
-        rank: same bucket plan) is copied from ``local``.
+        Fields missing from a partial ``local`` dict travel as NaN; ``bucket_bytes``
+        (identical on every rank: same bucket plan) is copied from ``local``.
         """
-        row = torch.tensor(
-            [_to_float(local.get(k)) for k in EXCHANGED_FIELDS], dtype=torch.float64
-        ).to(self._device)
+        if isinstance(local, RankMeasurement):
+            values, bucket_bytes = local.to_row(), local.bucket_bytes
+        else:
+            values = [
+                math.nan if local.get(k) is None else float(local[k]) for k in EXCHANGED_FIELDS
+            ]
+            bucket_bytes = local.get("bucket_bytes", [])
+        row = torch.tensor(values, dtype=torch.float64).to(self._device)
         rows = [torch.empty_like(row) for _ in range(self.world_size)]
         dist.all_gather(rows, row, group=self.group)
-        return [_row_to_dict(r.cpu().tolist(), local) for r in rows]
+        return [RankMeasurement.from_row(r.cpu().tolist(), bucket_bytes) for r in rows]
 
-    def _observe(self, per_rank: list[dict[str, Any]]) -> tuple[dict[str, Any], np.ndarray]:
+    def _observe(self, per_rank: list[RankMeasurement]) -> tuple[dict[str, Any], np.ndarray]:
         """Aggregate the ranks' measurements and build the observation (env's code)."""
-        m = aggregate_measurements(per_rank)
-        self._train_time_s += m["train_time_s"]
+        measured = DecisionMeasurement.from_ranks(per_rank)
+        self._train_time_s += measured.train_time_s
         elapsed = min(1.0, self._train_time_s / self.time_budget_s) if self.time_budget_s else 0.0
+        m = measured.to_dict()
         m["elapsed_frac"] = elapsed
-        return m, self.builder.build(m, self._action, elapsed)
+        return m, self.builder.build(measured, self._action, elapsed)
 
     def _decide(self) -> None:
         t0 = time.perf_counter()
         cons = self.sync.consensus()  # one consensus model per decision, as in the env
         consensus_s = time.perf_counter() - t0
-        local = self._measure(consensus_s, cons.comm_s, self._avg_bytes + cons.bytes_sent)
+        local = self._measure(consensus_s, cons.comm_s, cons.bytes_sent)
         m, obs = self._observe(self._exchange(local))
         self.observation = obs
         prev_action = self._action
@@ -593,8 +559,8 @@ class CommScheduler:
             train_time_s=self._train_time_s,
             elapsed_frac=float(m["elapsed_frac"]),
             policy_s=float(vals[3]),
-            decision_s=time.perf_counter() - t0 - float(local["eval_s"]),
-            eval_s=float(local["eval_s"]),
+            decision_s=time.perf_counter() - t0 - local.eval_s,
+            eval_s=local.eval_s,
             diverged=bool(m["nonfinite"]),
         )
         self.records.append(rec)
@@ -626,28 +592,3 @@ class CommScheduler:
             {k: v for k, v in values.items() if math.isfinite(float(v)) or rec.diverged},
             step=rec.decision,
         )
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def _to_float(v: Any) -> float:
-    if v is None:
-        return math.nan
-    return float(v)
-
-
-def _row_to_dict(row: list[float], local: dict[str, Any]) -> dict[str, Any]:
-    d: dict[str, Any] = {}
-    for k, v in zip(EXCHANGED_FIELDS, row, strict=True):
-        if k in _INT_FIELDS:
-            d[k] = int(v) if math.isfinite(v) else 0
-        elif k == "nonfinite":
-            d[k] = bool(v) if math.isfinite(v) else False
-        elif k == "compression_error":
-            d[k] = None if math.isnan(v) else v
-        else:
-            d[k] = v
-    d["bucket_bytes"] = list(local.get("bucket_bytes", []))
-    return d

@@ -1,14 +1,24 @@
-"""Local SGD: periodic parameter averaging with a changeable period."""
+"""Local SGD: periodic parameter averaging with a changeable period and compression."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from commgym.collectives.bucketing import BucketPlan
+from commgym.collectives.compressors import BucketLayout, Compressor
+from commgym.collectives.exchange import decode, issue
+from commgym.collectives.residual import ResidualMemory
+
 __all__ = ["PeriodicAverager", "average_optimizer_state"]
+
+#: Prefix of the bucket keys of compressed model deltas (residuals, PowerSGD warm starts),
+#: kept apart from the gradient buckets' keys.
+DELTA_KEY_PREFIX = "avg/"
 
 
 class PeriodicAverager:
@@ -16,9 +26,24 @@ class PeriodicAverager:
 
     Source: local SGD / periodic model averaging (Stich, ICLR 2019; Lin et al., ICLR 2020);
     same semantics as torch's ``PeriodicModelAverager`` except that the period may change
-    between steps and there is no warm-up. Averaging is fp32-exact: parameters are copied
-    into flat buffers, all-reduced (SUM), divided by the world size and copied back, so
-    right after an averaging step parameters are bit-identical on every rank.
+    between steps and there is no warm-up.
+
+    Two ways to average, chosen with :meth:`set_compression`:
+
+    * exact (no compressor, or ``none``): parameters are copied into one flat buffer per
+      dtype and device, all-reduced (SUM), divided by the world size and copied back;
+    * compressed (Qsparse-local-SGD, Basu et al., NeurIPS 2019; the compressed outer
+      gradient of DiLoCo, Douillard et al. 2023): every rank keeps an *anchor*, the
+      parameters after the last average (identical on all ranks). At an average each rank
+      compresses its change since then, bucket by bucket (buckets of ``bucket_bytes`` as
+      for gradients), with error feedback per bucket,
+      ``c_r = C(e_r + (x_r - anchor) / W)``, ``e_r <- e_r + (x_r - anchor) / W - c_r``;
+      the payloads are all-reduced or all-gathered as the compressor's ``summable`` says,
+      decoded into the mean change ``d = sum_r c_r`` and every rank sets
+      ``x = anchor = anchor + d``.
+
+    Either way every rank applies the same bits, so right after an average the
+    parameters are bit-identical on every rank.
 
     Args:
         params: parameters to average (``requires_grad`` ones only are kept).
@@ -41,6 +66,44 @@ class PeriodicAverager:
             groups.setdefault((p.dtype, p.device), []).append(p)
         self._groups = list(groups.values())
         self._buffers: list[torch.Tensor] | None = None
+        self._delta: _DeltaAveraging | None = None
+
+    def set_compression(
+        self,
+        compressor: Compressor | None,
+        *,
+        bucket_bytes: float = 25 * 2**20,
+        residuals: ResidualMemory | None = None,
+        error_feedback: bool = True,
+    ) -> None:
+        """Choose how the following averages are computed; call on every rank together.
+
+        With a lossy ``compressor`` the current parameters become the anchor, so they
+        must be identical on every rank at this call (as after an average, or at the
+        start of training). ``None`` or ``none`` selects the exact average.
+
+        Args:
+            compressor: the compressor for parameter changes, or ``None``.
+            bucket_bytes: bucket size of the compressed changes in bytes.
+            residuals: error-feedback memory (keys ``"avg/..."``); a private one if None.
+            error_feedback: keep residuals for compressors that use them.
+        """
+        if compressor is None or compressor.spec.lossless:
+            self._delta = None
+            return
+        self._delta = _DeltaAveraging(
+            self.params,
+            compressor,
+            bucket_bytes,
+            residuals if residuals is not None else ResidualMemory(),
+            error_feedback,
+            self.group,
+        )
+
+    @property
+    def compressed(self) -> bool:
+        """Whether averages send compressed parameter changes (else exact fp32)."""
+        return self._delta is not None
 
     @property
     def period(self) -> int:
@@ -76,6 +139,11 @@ class PeriodicAverager:
             ``(bytes_sent, seconds)``.
         """
         t0 = time.perf_counter()
+        if self._delta is not None:
+            nbytes = self._delta.average()
+            self.steps_since_average = 0
+            self.averagings += 1
+            return nbytes, time.perf_counter() - t0
         world = dist.get_world_size(self.group)
         if self._buffers is None:
             self._buffers = [
@@ -102,21 +170,118 @@ class PeriodicAverager:
         self.averagings += 1
         return nbytes, time.perf_counter() - t0
 
-    def state_dict(self) -> dict[str, int]:
-        """Counters (plain ints)."""
-        return {
+    def state_dict(self) -> dict[str, Any]:
+        """Counters (plain ints) and, when compressed, the anchor (CPU tensors)."""
+        state: dict[str, Any] = {
             "period": self._period,
             "steps": self.steps,
             "steps_since_average": self.steps_since_average,
             "averagings": self.averagings,
         }
+        if self._delta is not None:
+            state["anchor"] = [a.detach().cpu().clone() for a in self._delta.anchor]
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore :meth:`state_dict` output."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (after :meth:`set_compression`).
+
+        Raises:
+            ValueError: the saved anchor does not fit the current compressed buckets.
+        """
         self.period = int(state["period"])
         self.steps = int(state["steps"])
         self.steps_since_average = int(state["steps_since_average"])
         self.averagings = int(state["averagings"])
+        anchor = state.get("anchor")
+        if self._delta is not None and anchor is not None:
+            self._delta.load_anchor(anchor)
+
+
+class _DeltaAveraging:
+    """Compressed parameter averaging state: buckets, anchor, error feedback."""
+
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        compressor: Compressor,
+        bucket_bytes: float,
+        residuals: ResidualMemory,
+        error_feedback: bool,
+        group: dist.ProcessGroup | None,
+    ) -> None:
+        for p in params:
+            if p.dtype != torch.float32:
+                raise ValueError(
+                    f"compressed averaging ({compressor.spec}) needs fp32 parameters, got "
+                    f"{p.dtype}; use compression 'none' for other dtypes"
+                )
+        self.params = params
+        self.compressor = compressor
+        self.residuals = residuals
+        self.error_feedback = error_feedback and compressor.uses_error_feedback
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        # The plan's flat buffers hold the (divided) changes; its views are never grads.
+        self.plan = BucketPlan(params, bucket_bytes)
+        self.layouts = [
+            BucketLayout(DELTA_KEY_PREFIX + lay.key, lay.shapes) for lay in self.plan.layouts
+        ]
+        self._gather: dict[Any, torch.Tensor] = {}
+        with torch.no_grad():
+            for p, view in zip(self.plan.params, self.plan.views, strict=True):
+                view.copy_(p)
+        self.anchor = [buf.clone() for buf in self.plan.buffers]
+
+    def load_anchor(self, anchor: list[torch.Tensor]) -> None:
+        if len(anchor) != len(self.anchor) or any(
+            a.numel() != b.numel() for a, b in zip(anchor, self.anchor, strict=True)
+        ):
+            raise ValueError(
+                f"saved anchor has buckets of {[a.numel() for a in anchor]} elements, the "
+                f"current compressed buckets hold {[b.numel() for b in self.anchor]}"
+            )
+        for dst, src in zip(self.anchor, anchor, strict=True):
+            dst.copy_(src)
+
+    def average(self) -> int:
+        comp, plan, world = self.compressor, self.plan, self.world_size
+        nbytes = 0
+        inflight: list[tuple[list[Any], list[torch.Tensor], Any]] = []
+        for p, view in zip(plan.params, plan.views, strict=True):
+            view.copy_(p)
+        for b, (flat, layout) in enumerate(zip(plan.buffers, self.layouts, strict=True)):
+            flat.sub_(self.anchor[b]).div_(world)
+            residual = None
+            if self.error_feedback and flat.numel():
+                residual = self.residuals.get(layout.key, flat)
+            payload, ctx = comp.compress(flat, layout, residual)
+            works, gathered, sent, _ = issue(
+                comp, payload, group=self.group, world_size=world,
+                gather_buffers=self._gather, key=(b, 0),
+            )  # fmt: skip
+            nbytes += sent
+            inflight.append((works, gathered, ctx))
+        for rnd in range(comp.rounds):
+            for b, (works, gathered, ctx) in enumerate(inflight):
+                for w in works:
+                    w.wait()
+                if rnd + 1 < comp.rounds:
+                    payload = comp.advance(rnd + 1, gathered, ctx)
+                    next_works, next_gathered, sent, _ = issue(
+                        comp, payload, group=self.group, world_size=world,
+                        gather_buffers=self._gather, key=(b, rnd + 1),
+                    )  # fmt: skip
+                    nbytes += sent
+                    inflight[b] = (next_works, next_gathered, ctx)
+                else:
+                    decode(comp, gathered, ctx, plan.buffers[b], world)
+        for b, idxs in enumerate(plan.buckets):
+            anchor = self.anchor[b]
+            anchor.add_(plan.buffers[b])
+            for i, off in zip(idxs, plan.offsets[b], strict=True):
+                p = plan.params[i]
+                p.copy_(anchor[off : off + p.numel()].view_as(p))
+        return nbytes
 
 
 def _optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

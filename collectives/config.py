@@ -19,9 +19,18 @@ class CommConfig:
             e.g. ``"none"``, ``"fp16"``, ``"int4"``, ``"topk:0.01"``, ``"powersgd:2"``.
         bucket_mb: tensor-fusion bucket size in MiB (> 0). DDP's default is 25.
         sync_period: local-SGD period ``H`` (int >= 1). ``1`` synchronises gradients every
-            step; ``H > 1`` communicates no gradients and averages parameters (fp32,
-            lossless) once every ``H`` optimizer steps (Lin et al., "Don't Use Large
-            Mini-Batches, Use Local SGD", ICLR 2020). ``compression`` is not used then.
+            step with ``compression``. ``H > 1`` communicates no gradients and averages
+            the model once every ``H`` optimizer steps (local SGD: Stich, ICLR 2019; Lin
+            et al., "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020), with
+            ``compression`` applied to the model change (Qsparse-local-SGD: Basu et al.,
+            NeurIPS 2019; DiLoCo's compressed outer gradient: Douillard et al., 2023).
+            With ``none`` the average is exact fp32: ``x = sum_r x_r / W``. Otherwise each
+            rank keeps the anchor ``a`` (the model after the last average, identical on
+            all ranks) and a per-bucket residual ``e_r`` (buckets of ``bucket_mb``), sends
+            ``c_r = C(e_r + (x_r - a) / W)``, keeps ``e_r <- e_r + (x_r - a) / W - c_r``
+            (when ``error_feedback``), and every rank sets ``x = a = a + sum_r c_r``
+            decoded identically, so the replicas are bit-identical after every average.
+            Every (compression, period) pair is a distinct configuration.
         error_feedback: keep residuals for lossy compressors (ignored by lossless ones).
         stochastic_rounding: quantisers (``int8/4/2``) round stochastically.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,9 +10,9 @@ import torch
 import torch.distributed as dist
 
 from commgym.collectives.compressors import BucketLayout, Compressor, make_compressor
+from commgym.collectives.exchange import all_gather_flat
 from commgym.collectives.residual import ResidualMemory
 from commgym.collectives.spec import CompressionSpec
-from commgym.collectives.synchronizer import all_gather_flat
 
 __all__ = ["DDPHookState", "ddp_comm_hook"]
 
@@ -97,9 +98,12 @@ def ddp_comm_hook(
         if flat.dtype != torch.float32 and not comp.spec.lossless:
             raise ValueError(f"commgym DDP hook {comp.spec} needs fp32 gradients, got {flat.dtype}")
         flat.div_(world)
-        layout = BucketLayout(
-            f"ddp{bucket.index()}:n{flat.numel()}", tuple(p.shape for p in bucket.parameters())
-        )
+        shapes = tuple(p.shape for p in bucket.parameters())
+        # DDP rebuilds its buckets after the first iteration in gradient-ready order: the
+        # same index and size can then hold the tensors in another order, and per-bucket
+        # state (PowerSGD's matrices and Q, residuals) must not be reused across orders.
+        order = zlib.crc32(repr([tuple(s) for s in shapes]).encode())
+        layout = BucketLayout(f"ddp{bucket.index()}:n{flat.numel()}:{order:08x}", shapes)
         residual = None
         if state.error_feedback and comp.uses_error_feedback and flat.numel():
             residual = state.residuals.get(layout.key, flat)

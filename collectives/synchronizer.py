@@ -12,17 +12,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commgym.collectives.averaging import PeriodicAverager, average_optimizer_state
+from commgym.collectives import kernels
+from commgym.collectives.averaging import (
+    DELTA_KEY_PREFIX,
+    PeriodicAverager,
+    average_optimizer_state,
+)
 from commgym.collectives.bucketing import BucketPlan
 from commgym.collectives.compressors import Compressor, make_compressor
 from commgym.collectives.config import CommConfig
+from commgym.collectives.exchange import all_gather_flat, decode, issue
 from commgym.collectives.residual import ResidualMemory
 from commgym.collectives.stats import AveragingStats, StepStats
 
 __all__ = ["GradientSynchronizer", "all_gather_flat"]
-
-#: ``all_gather_single`` where torch has it (>= 2.13), else ``all_gather_into_tensor``.
-all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class _Clock:
@@ -150,6 +153,7 @@ class GradientSynchronizer:
         if not self.params:
             raise ValueError("model has no parameters with requires_grad=True to synchronise")
         self._clock = _Clock(self.params[0].device)
+        kernels.warmup(self.params[0].device.type)  # JIT compile outside measured steps
         self._averager = PeriodicAverager(self.params, 1, group)
         self.optimizer = optimizer
         # optimizer steps taken with H > 1 since the optimizer state was last averaged
@@ -226,6 +230,14 @@ class GradientSynchronizer:
             world_size=self.world_size,
         )
         self._residuals.reset()
+        # at H > 1 the chosen compression carries the parameter changes (the replicas are
+        # identical here: at construction, or right after reconfigure()'s average)
+        self._averager.set_compression(
+            self._compressor if config.sync_period > 1 else None,
+            bucket_bytes=config.bucket_bytes,
+            residuals=self._residuals,
+            error_feedback=config.error_feedback,
+        )
         self._averager.period = config.sync_period
         self._averager.steps_since_average = 0
         self._averager.steps = 0
@@ -366,29 +378,16 @@ class GradientSynchronizer:
         self, b: int, rnd: int, payload: list[torch.Tensor]
     ) -> tuple[list[Any], list[torch.Tensor]]:
         st = self._state
-        works: list[Any] = []
-        gathered: list[torch.Tensor] = []
-        summable = self.compressor.summable
-        for j, t in enumerate(payload):
-            if t.numel() == 0:
-                gathered.append(t.new_empty(0))
-                continue
-            if summable:
-                works.append(dist.all_reduce(t, group=self.group, async_op=True))
-                gathered.append(t)
-            else:
-                key = (b, rnd, j)
-                out = self._gather_bufs.get(key)
-                if (
-                    out is None
-                    or out.numel() != t.numel() * self.world_size
-                    or out.dtype != t.dtype
-                ):
-                    out = self._gather_bufs[key] = t.new_empty(t.numel() * self.world_size)
-                works.append(all_gather_flat(out, t, group=self.group, async_op=True))
-                gathered.append(out)
-            st.bytes_sent += t.numel() * t.element_size()
-            st.collectives += 1
+        works, gathered, nbytes, count = issue(
+            self.compressor,
+            payload,
+            group=self.group,
+            world_size=self.world_size,
+            gather_buffers=self._gather_bufs,
+            key=(b, rnd),
+        )
+        st.bytes_sent += nbytes
+        st.collectives += count
         return works, gathered
 
     # -- the step -----------------------------------------------------------------
@@ -515,19 +514,7 @@ class GradientSynchronizer:
         return stats
 
     def _finish_bucket(self, b: int, inf: _Inflight) -> None:
-        comp = self.compressor
-        flat = self.plan.buffers[b]
-        if comp.summable:
-            comp.decompress(inf.gathered, inf.ctx, flat)
-            return
-        world = self.world_size
-        flat.zero_()
-        for r in range(world):
-            part = []
-            for t in inf.gathered:
-                n = t.numel() // world
-                part.append(t[r * n : (r + 1) * n])
-            comp.decompress(part, inf.ctx, flat, accumulate=True)
+        decode(self.compressor, inf.gathered, inf.ctx, self.plan.buffers[b], self.world_size)
 
     def _write_grads(self) -> None:
         plan = self.plan
@@ -619,6 +606,7 @@ class GradientSynchronizer:
         self.reconfigure(CommConfig(**state["config"]))
         self._residuals.load_state_dict(state["residuals"])
         keys = {layout.key for layout in self.plan.layouts}
+        keys |= {DELTA_KEY_PREFIX + layout.key for layout in self.plan.layouts}
         unknown = set(self._residuals.keys()) - keys
         if unknown:
             self._residuals.reset()

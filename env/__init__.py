@@ -15,6 +15,7 @@ import gymnasium
 
 from commgym.env.allreduce_env import AllReduceEnv, EnvConfig, FlattenAction
 from commgym.env.cluster import Cluster
+from commgym.env.measure import DecisionMeasurement, DecisionRecorder, RankMeasurement
 from commgym.env.spaces import (
     OBSERVATION_FIELDS,
     REWARDS,
@@ -29,9 +30,12 @@ __all__ = [
     "ActionMenu",
     "AllReduceEnv",
     "Cluster",
+    "DecisionMeasurement",
+    "DecisionRecorder",
     "EnvConfig",
     "FlattenAction",
     "ObservationBuilder",
+    "RankMeasurement",
     "RewardContext",
 ]
 

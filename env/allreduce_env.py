@@ -14,14 +14,8 @@ from gymnasium import spaces
 
 from commgym.collectives.errors import CommgymError
 from commgym.env.cluster import Cluster
-from commgym.env.spaces import (
-    REWARDS,
-    ActionMenu,
-    ObservationBuilder,
-    aggregate_measurements,
-    decision_outcome,
-)
-from commgym.env.spaces import combine_eval as _combine_eval
+from commgym.env.measure import DecisionMeasurement, combine_eval, decision_info
+from commgym.env.spaces import REWARDS, ActionMenu, ObservationBuilder, decision_outcome
 
 __all__ = ["RESET_TIMEOUT_S", "AllReduceEnv", "EnvConfig", "FlattenAction"]
 
@@ -51,7 +45,7 @@ class EnvConfig:
             ranks then run in their own network namespaces, one torchrun agent each,
             with ``tc``-shaped links). ``None``: unshaped loopback. A spec or profile
             string (``"1gbit"``, ``"100mbit:5ms"``, ``"ethernet-1g"``, see
-            ``commgym.env.netem``); a schedule ``[[elapsed_training_s, spec], ...]``
+            ``commgym.env.net``); a schedule ``[[elapsed_training_s, spec], ...]``
             applied while the episode runs; or ``{"profiles": [...]}`` for a seeded
             random profile per episode.
         network_strict: without the kernel's netem qdisc, delay/jitter/loss raise (True)
@@ -255,7 +249,7 @@ class AllReduceEnv(gym.Env):
         self._net: Any = None
         self._net_spec: Any = None
         if cfg._network is not None:
-            from commgym.env.netem import netem_available
+            from commgym.env.net import netem_available
 
             ok, why = netem_available()
             if not ok:
@@ -275,7 +269,7 @@ class AllReduceEnv(gym.Env):
                 self._cluster.kill()
             cfg = self.config
             if cfg._network is not None and self._net is None:
-                from commgym.env.netem import EmulatedNetwork
+                from commgym.env.net import EmulatedNetwork
 
                 self._net_spec = self._initial_spec(cfg.seed)
                 self._net = EmulatedNetwork(
@@ -299,7 +293,7 @@ class AllReduceEnv(gym.Env):
             return value
         if kind == "schedule":
             return value.spec_at(0.0)
-        from commgym.env.netem import choose_profile
+        from commgym.env.net import choose_profile
 
         return choose_profile(value, episode_seed)
 
@@ -310,7 +304,7 @@ class AllReduceEnv(gym.Env):
 
     @property
     def network(self) -> Any:
-        """The :class:`~commgym.env.netem.EmulatedNetwork` (None when unshaped)."""
+        """The :class:`~commgym.env.net.EmulatedNetwork` (None when unshaped)."""
         return self._net
 
     @property
@@ -349,7 +343,7 @@ class AllReduceEnv(gym.Env):
         r0 = replies[0]
         self._num_params = int(r0["num_params"])
         self._obs.num_params = self._num_params
-        eval_loss, eval_acc = _combine_eval(replies)
+        eval_loss, eval_acc = combine_eval(replies)
         self._eval_loss = eval_loss
         self._train_time_s = 0.0
         self._decisions = 0
@@ -396,40 +390,43 @@ class AllReduceEnv(gym.Env):
                 {"failure": str(err), "reason": "failure", "env_step_s": time.perf_counter() - t0}
             )
             return self._last_obs, 0.0, True, False, info
-        m = self._aggregate(replies)
+        measured = DecisionMeasurement.from_ranks(replies)
+        m = measured.to_dict()
         m["env_step_s"] = time.perf_counter() - t0
         self._decisions += 1
-        self._train_time_s += m["train_time_s"]
+        self._train_time_s += measured.train_time_s
         elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)
         prev = self._eval_loss
-        obs = self._obs.build(m, a, elapsed)
+        obs = self._obs.build(measured, a, elapsed)
         self._action = a
-        diverged = bool(m["nonfinite"]) or not math.isfinite(m["eval_loss"])
+        diverged = measured.nonfinite or not math.isfinite(measured.eval_loss)
         reward, terminated, truncated, reason = decision_outcome(
             cfg,
             self._reward,
             prev_eval_loss=prev,
-            eval_loss=m["eval_loss"],
-            dt_s=m["train_time_s"],
-            samples=int(m["samples"]),
+            eval_loss=measured.eval_loss,
+            dt_s=measured.train_time_s,
+            samples=measured.samples,
             diverged=diverged,
             train_time_s=self._train_time_s,
             decisions=self._decisions,
         )
         if not diverged:
-            self._eval_loss = m["eval_loss"]
+            self._eval_loss = measured.eval_loss
         if terminated or truncated:
             self._needs_reset = True
         self._last_obs = obs
         info.update(
-            {
-                "measured": m,
-                "reason": reason,
-                "train_time_s": self._train_time_s,
-                "elapsed_frac": elapsed,
-                "decision": self._decisions,
-                "diverged": diverged,
-            }
+            decision_info(
+                config=info["config"],
+                action=info["action"],
+                measured=m,
+                reason=reason,
+                train_time_s=self._train_time_s,
+                elapsed_frac=elapsed,
+                decision=self._decisions,
+                diverged=diverged,
+            )
         )
         return obs, float(reward), terminated, truncated, info
 
@@ -443,17 +440,12 @@ class AllReduceEnv(gym.Env):
             self._net_spec = None
         self._needs_reset = True
 
-    # -- helpers ------------------------------------------------------------------------
-    @staticmethod
-    def _aggregate(replies: list[dict[str, Any]]) -> dict[str, Any]:
-        return aggregate_measurements(replies)
-
 
 def _parse_network(network: Any) -> tuple[str, Any] | None:
     """Validate the ``network`` option: ``(kind, value)`` with kind fixed/schedule/profiles."""
     if network is None:
         return None
-    from commgym.env.netem import NetworkSchedule, NetworkSpec
+    from commgym.env.net import NetworkSchedule, NetworkSpec
 
     if isinstance(network, str):
         return "fixed", NetworkSpec.parse(network)

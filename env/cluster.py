@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from commgym.collectives.errors import CollectiveTimeout, WorkerFailed
 
 if TYPE_CHECKING:  # pragma: no cover
-    from commgym.env.netem import EmulatedNetwork
+    from commgym.env.net import EmulatedNetwork
 
 __all__ = ["Cluster"]
 
@@ -73,7 +73,7 @@ class Cluster:
         control_host: address the control listener binds to (loopback by default).
         start_timeout_s: deadline for all ranks to connect.
         extra_env: environment variables added for the ranks.
-        network: an :class:`~commgym.env.netem.EmulatedNetwork`: rank ``k`` runs in the
+        network: an :class:`~commgym.env.net.EmulatedNetwork`: rank ``k`` runs in the
             network namespace ``k`` as its own torchrun agent (``--nnodes W --node-rank
             k``, c10d rendezvous at rank 0's address), i.e. the multi-node code path over
             shaped links; the control listener binds to the bridge address.
@@ -206,21 +206,9 @@ class Cluster:
                         )
                     )
                 else:
-                    net = self.network
-                    rdzv = f"{net.ns_address(0)}:{_RDZV_PORT}"
-                    for k in range(self.world_size):
-                        cmd = [
-                            *net.exec_prefix(k), sys.executable, "-m", "torch.distributed.run",
-                            "--nnodes", str(self.world_size), "--nproc-per-node", "1",
-                            "--node-rank", str(k), "--rdzv-backend", "c10d",
-                            "--rdzv-endpoint", rdzv, "--rdzv-id", net.name,
-                            # rank 0's agent hosts the store (its address lives in a
-                            # namespace, which torch's local-address check cannot see)
-                            "--rdzv-conf", f"is_host={int(k == 0)}",
-                            "--local-addr", net.ns_address(k),
-                            "--max-restarts", "0", "--monitor-interval", "0.2", *worker,
-                        ]  # fmt: skip
-                        env_k = dict(env, GLOO_SOCKET_IFNAME=net.interfaces(k)[1])
+                    for cmd, env_k in self.network.torchrun_commands(
+                        worker, env, rdzv_port=_RDZV_PORT
+                    ):
                         self._procs.append(
                             subprocess.Popen(
                                 cmd,

@@ -13,9 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from gymnasium import spaces
 
 from commgym.collectives import CommConfig, CompressionSpec
+from commgym.env.measure import (
+    OBSERVATION_FIELDS,
+    ObservationBuilder,
+    ObservationField,
+    combine_eval,
+    effective_bandwidth_gbps,
+)
 
 __all__ = [
     "OBSERVATION_FIELDS",
@@ -24,7 +30,6 @@ __all__ = [
     "ObservationBuilder",
     "ObservationField",
     "RewardContext",
-    "aggregate_measurements",
     "combine_eval",
     "effective_bandwidth_gbps",
 ]
@@ -164,256 +169,6 @@ class ActionMenu:
             "sync_period": list(self.sync_period),
             "error_feedback": self.error_feedback,
         }
-
-
-@dataclass(frozen=True)
-class ObservationField:
-    """One entry of the observation vector."""
-
-    name: str
-    unit: str
-    low: float
-    high: float
-    description: str
-
-
-#: The observation layout (index = position in the vector). Changing it bumps the env version.
-OBSERVATION_FIELDS: tuple[ObservationField, ...] = (
-    ObservationField(
-        "step_time_s", "s", 0.0, 1e3, "median wall time of one training iteration (slowest rank)"
-    ),
-    ObservationField("comm_wait_frac", "1", 0.0, 1.0, "mean comm-wait time / mean iteration time"),
-    ObservationField("compress_s", "s", 0.0, 1e3, "mean compress+decompress time per iteration"),
-    ObservationField(
-        "log10_bytes_per_step",
-        "log10 B",
-        0.0,
-        15.0,
-        "log10(1 + bytes handed to collectives per iteration)",
-    ),
-    ObservationField(
-        "bandwidth_gbps",
-        "Gbit/s",
-        0.0,
-        1e4,
-        "effective: bytes sent * 8 / time the step waited on communication "
-        "(not the link rate; see effective_bandwidth_gbps)",
-    ),
-    ObservationField(
-        "train_loss", "nats", 0.0, 1e4, "mean training loss over the decision (rank 0)"
-    ),
-    ObservationField("eval_loss", "nats", 0.0, 1e4, "held-out loss of the consensus model"),
-    ObservationField(
-        "loss_change", "log ratio", -20.0, 20.0, "log(eval_loss_prev) - log(eval_loss)"
-    ),
-    ObservationField(
-        "log10_grad_norm", "log10", -20.0, 20.0, "log10 of the aggregated gradient norm"
-    ),
-    ObservationField("grad_norm_rel_change", "1", -10.0, 10.0, "(g - g_prev) / g_prev"),
-    ObservationField(
-        "compression_error", "1", 0.0, 10.0, "||g - g_hat|| / ||g|| of the aggregated gradient"
-    ),
-    ObservationField("compression_index", "1", 0.0, 1.0, "current compression index / (n - 1)"),
-    ObservationField("bucket_index", "1", 0.0, 1.0, "current bucket index / (n - 1)"),
-    ObservationField("period_index", "1", 0.0, 1.0, "current sync-period index / (n - 1)"),
-    ObservationField("elapsed_frac", "1", 0.0, 1.0, "training wall time used / time_budget_s"),
-    ObservationField("world_size", "ranks", 1.0, 1e5, "number of ranks"),
-    ObservationField(
-        "log10_num_params", "log10", 0.0, 15.0, "log10 of the model's parameter count"
-    ),
-)
-
-
-def effective_bandwidth_gbps(bytes_total: float, comm_s: float) -> float:
-    """Effective bandwidth of one decision, Gbit/s: ``bytes_total * 8 / comm_s / 1e9``.
-
-    The rate at which communication *appears* to run from the training step's point of
-    view: bytes handed to collectives per second the ranks were blocked on them
-    (``comm_s``: comm-wait after backward summed over the decision's iterations, plus the
-    consensus average). It is what decides whether compressing pays, and it is **not**
-    the link rate: transfer time hidden behind backward and, on an emulated link, bytes
-    that pass in the token bucket's burst while the bucket refilled during compute do
-    not count as waiting, so it can exceed the configured rate (on a busy machine more
-    so, as slower compute refills the bucket further). It is never below
-    ``bytes_total * 8 / train_time_s``, the decision's own average throughput. The link
-    rate is ``info["network"]``.
-
-    Args:
-        bytes_total: bytes handed to collectives in the decision (one rank).
-        comm_s: seconds blocked on communication in the decision (mean over ranks).
-
-    Returns:
-        Gbit/s; 0.0 when nothing was waited on (``comm_s <= 0``).
-    """
-    return float(bytes_total) * 8 / float(comm_s) / 1e9 if comm_s > 0 else 0.0
-
-
-class ObservationBuilder:
-    """Builds float32 observations from measurements (shared by env, surrogate and replay).
-
-    Non-finite or out-of-range measurements never leak: NaN becomes 0 and everything is
-    clipped to the field's bounds (the raw values stay in ``info``).
-
-    Args:
-        menu: the action menu (gives the action-index normalisation).
-        world_size: number of ranks.
-        num_params: model parameter count.
-    """
-
-    def __init__(self, menu: ActionMenu, world_size: int, num_params: int) -> None:
-        self.menu = menu
-        self.world_size = world_size
-        self.num_params = num_params
-        self.low = np.array([f.low for f in OBSERVATION_FIELDS], dtype=np.float32)
-        self.high = np.array([f.high for f in OBSERVATION_FIELDS], dtype=np.float32)
-        self.space = spaces.Box(self.low, self.high, dtype=np.float32)
-        self.prev_eval_loss = float("nan")
-        self.prev_grad_norm = float("nan")
-
-    def _action_part(self, action: np.ndarray) -> list[float]:
-        nvec = self.menu.nvec
-        return [float(a) / max(int(n) - 1, 1) for a, n in zip(action, nvec, strict=True)]
-
-    def _finish(self, values: list[float]) -> np.ndarray:
-        v = np.array(values, dtype=np.float64)
-        v[~np.isfinite(v)] = 0.0
-        return np.clip(v, self.low, self.high).astype(np.float32)
-
-    def reset(self, eval_loss: float, action: np.ndarray) -> np.ndarray:
-        """Observation at episode start: no timings, only deterministic quantities."""
-        self.prev_eval_loss = eval_loss
-        self.prev_grad_norm = float("nan")
-        return self._finish(
-            [0.0, 0.0, 0.0, 0.0, 0.0, eval_loss, eval_loss, 0.0, 0.0, 0.0, 0.0,
-             *self._action_part(action), 0.0, float(self.world_size),
-             math.log10(max(self.num_params, 1))]
-        )  # fmt: skip
-
-    def build(self, m: dict[str, Any], action: np.ndarray, elapsed_frac: float) -> np.ndarray:
-        """Observation after a decision.
-
-        Args:
-            m: aggregated measurements (keys as produced by :func:`aggregate_measurements`:
-                ``step_time_s``, ``comm_wait_s``, ``compress_s``, ``bytes_per_step``,
-                ``bytes_total``, ``comm_s``, ``train_loss``, ``eval_loss``, ``grad_norm``,
-                ``compression_error``).
-            action: the menu indices that were applied.
-            elapsed_frac: training time used / budget.
-        """
-        step = float(m["step_time_s"])
-        iter_mean = float(m.get("iter_mean_s", step)) or step
-        wait = float(m["comm_wait_s"])
-        bw = effective_bandwidth_gbps(m["bytes_total"], m["comm_s"])
-        eval_loss = float(m["eval_loss"])
-        prev = self.prev_eval_loss
-        change = (
-            math.log(max(prev, 1e-8)) - math.log(max(eval_loss, 1e-8))
-            if math.isfinite(prev) and math.isfinite(eval_loss)
-            else 0.0
-        )
-        g = float(m["grad_norm"])
-        rel = (
-            (g - self.prev_grad_norm) / self.prev_grad_norm
-            if self.prev_grad_norm > 0 and math.isfinite(g)
-            else 0.0
-        )
-        err = m.get("compression_error")
-        self.prev_eval_loss = eval_loss if math.isfinite(eval_loss) else prev
-        self.prev_grad_norm = g if math.isfinite(g) else self.prev_grad_norm
-        return self._finish(
-            [
-                step,
-                wait / iter_mean if iter_mean > 0 else 0.0,
-                float(m["compress_s"]),
-                math.log10(1.0 + float(m["bytes_per_step"])),
-                bw,
-                float(m["train_loss"]),
-                eval_loss,
-                change,
-                math.log10(g) if g > 0 and math.isfinite(g) else 0.0,
-                rel,
-                0.0 if err is None else float(err),
-                *self._action_part(action),
-                elapsed_frac,
-                float(self.world_size),
-                math.log10(max(self.num_params, 1)),
-            ]
-        )
-
-
-def combine_eval(per_rank: Sequence[dict[str, Any]]) -> tuple[float, float]:
-    """Held-out loss and accuracy over all ranks' shares, weighted by ``eval_n``.
-
-    Args:
-        per_rank: one dict per rank with ``eval_loss``, ``eval_acc`` and ``eval_n``.
-
-    Returns:
-        ``(loss, accuracy)``; ``(nan, nan)`` when no rank evaluated any sample.
-    """
-    n = sum(int(r["eval_n"]) for r in per_rank)
-    if n == 0:
-        return float("nan"), float("nan")
-    loss = sum(float(r["eval_loss"]) * int(r["eval_n"]) for r in per_rank) / n
-    acc = sum(float(r["eval_acc"]) * int(r["eval_n"]) for r in per_rank) / n
-    return loss, acc
-
-
-def aggregate_measurements(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Combine the per-rank measurements of one decision into what observations use.
-
-    Shared by :class:`~commgym.env.AllReduceEnv` (the ranks' ``step`` replies) and the
-    in-training replay (:class:`~commgym.agents.replay.CommScheduler`), so both build
-    :meth:`ObservationBuilder.build`'s input the same way: times of the slowest rank,
-    means of per-rank timings and losses, rank 0's byte counts and gradient statistics
-    (identical on every rank after synchronisation), held-out loss weighted by samples.
-
-    Args:
-        per_rank: one dict per rank (rank order) with the keys of the worker's ``step``
-            reply: ``train_time_s``, ``step_time_s``, ``steps``, ``compute_s``,
-            ``comm_wait_s``, ``compress_s``, ``comm_s``, ``bytes_per_step``,
-            ``bytes_total``, ``train_loss``, ``eval_loss``, ``eval_acc``, ``eval_n``,
-            ``eval_s``, ``grad_norm``, ``compression_error`` (None when not measured),
-            ``nonfinite``, ``samples``, ``bucket_bytes``.
-
-    Returns:
-        The aggregated measurements (keys listed in :meth:`ObservationBuilder.build`, plus
-        ``train_time_s``, ``iter_mean_s``, ``compute_s``, ``eval_acc``, ``eval_s``,
-        ``nonfinite``, ``samples``, ``steps``, ``bucket_bytes``).
-
-    Raises:
-        ValueError: ``per_rank`` is empty.
-    """
-    if not per_rank:
-        raise ValueError("aggregate_measurements needs at least one rank's measurements")
-    r0 = per_rank[0]
-    n = len(per_rank)
-
-    def mean(key: str) -> float:
-        return sum(float(r[key]) for r in per_rank) / n
-
-    err = r0.get("compression_error")
-    eval_loss, eval_acc = combine_eval(per_rank)
-    return {
-        "train_time_s": max(float(r["train_time_s"]) for r in per_rank),
-        "step_time_s": max(float(r["step_time_s"]) for r in per_rank),
-        "iter_mean_s": max(float(r["train_time_s"]) / max(int(r["steps"]), 1) for r in per_rank),
-        "compute_s": mean("compute_s"),
-        "comm_wait_s": mean("comm_wait_s"),
-        "compress_s": mean("compress_s"),
-        "comm_s": mean("comm_s"),
-        "bytes_per_step": float(r0["bytes_per_step"]),
-        "bytes_total": float(r0["bytes_total"]),
-        "train_loss": mean("train_loss"),
-        "eval_loss": eval_loss,
-        "eval_acc": eval_acc,
-        "eval_s": max(float(r["eval_s"]) for r in per_rank),
-        "grad_norm": float(r0["grad_norm"]),
-        "compression_error": None if err is None else float(err),
-        "nonfinite": any(bool(r["nonfinite"]) for r in per_rank),
-        "samples": sum(int(r["samples"]) for r in per_rank),
-        "steps": int(r0["steps"]),
-        "bucket_bytes": list(r0["bucket_bytes"]),
-    }
 
 
 @dataclass

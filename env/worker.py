@@ -22,7 +22,6 @@ import argparse
 import datetime
 import gc
 import importlib
-import math
 import os
 import socket
 import statistics
@@ -36,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from commgym.collectives import CommConfig, GradientSynchronizer
+from commgym.env.measure import DecisionRecorder
 
 __all__ = ["RankRunner", "main"]
 
@@ -59,6 +59,7 @@ class RankRunner:
         self.device = device
         self.sync: GradientSynchronizer | None = None
         self.model: torch.nn.Module | None = None
+        self.recorder = DecisionRecorder()
 
     # -- commands -------------------------------------------------------------------
     def reset(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -152,10 +153,8 @@ class RankRunner:
         sync.reconfigure(CommConfig(**msg["config"]))
         reconfigure_s = time.perf_counter() - t_cfg
         steps = int(msg["steps"])
-        walls, losses = [], []
-        stats = []
-        avg_bytes = 0
-        nonfinite = False
+        rec = self.recorder
+        rec.reset()
         for i in range(steps):
             if i == steps - 1:
                 sync.request_error_measurement()
@@ -169,46 +168,32 @@ class RankRunner:
             avg = sync.after_optimizer_step()
             # commgym's own statistics (e.g. the exact all-reduce behind
             # compression_error) are not training time: a real job would not pay them
-            walls.append(time.perf_counter() - t0 - st.instrumentation_s)
-            losses.append(loss.detach())
-            stats.append(st)
-            avg_bytes += avg.bytes_sent
-            nonfinite |= st.nonfinite
+            rec.record_step(
+                time.perf_counter() - t0 - st.instrumentation_s, loss.detach(), st, avg.bytes_sent
+            )
         # one consensus model at every decision boundary (cost counted)
         c0 = time.perf_counter()
         cons = sync.consensus()
         consensus_s = time.perf_counter() - c0
-        avg_bytes += cons.bytes_sent
         self.samples += steps * self.batch_size
-        train_loss = float(torch.stack(losses).float().mean()) if losses else float("nan")
+        train_loss = rec.train_loss()
         e0 = time.perf_counter()
         eval_loss, eval_acc, eval_n = self._evaluate()
         eval_s = time.perf_counter() - e0
-        if not (math.isfinite(train_loss) and math.isfinite(eval_loss)):
-            nonfinite = True
-        last = stats[-1] if stats else None
-        total_bytes = sum(s.bytes_sent for s in stats) + avg_bytes
+        measured = rec.finish(
+            overhead_s=consensus_s + reconfigure_s,
+            consensus_comm_s=cons.comm_s,
+            consensus_bytes=cons.bytes_sent,
+            eval_loss=eval_loss,
+            eval_acc=eval_acc,
+            eval_n=eval_n,
+            eval_s=eval_s,
+            samples=steps * self.batch_size,
+            train_loss=train_loss,
+        )
         return {
             "type": "step",
-            "steps": steps,
-            "train_time_s": sum(walls) + consensus_s + reconfigure_s,
-            "step_time_s": statistics.median(walls) if walls else 0.0,
-            "compute_s": _mean([s.compute_s for s in stats]),
-            "comm_wait_s": _mean([s.comm_wait_s for s in stats]),
-            "compress_s": _mean([s.compress_s for s in stats]),
-            "comm_s": sum(s.comm_wait_s for s in stats) + cons.comm_s,
-            "bytes_per_step": total_bytes / max(steps, 1),
-            "bytes_total": total_bytes,
-            "train_loss": train_loss,
-            "eval_loss": eval_loss,
-            "eval_acc": eval_acc,
-            "eval_n": eval_n,
-            "grad_norm": last.grad_norm if last else 0.0,
-            "compression_error": last.compression_error if last else None,
-            "nonfinite": nonfinite,
-            "samples": steps * self.batch_size,
-            "bucket_bytes": list(last.bucket_bytes) if last else [],
-            "eval_s": eval_s,
+            **measured.to_dict(),
             "reconfigure_s": reconfigure_s,
             "handler_s": time.perf_counter() - t_handler,
         }
@@ -259,10 +244,6 @@ def bench_allgather(msg: dict[str, Any], device: torch.device) -> dict[str, Any]
             times.append(time.perf_counter() - t0)
         out[str(int(size))] = statistics.median(times)
     return {"type": "bench", "seconds": out}
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:

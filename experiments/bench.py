@@ -14,6 +14,7 @@ Run as ``commgym bench sync [options]`` or ``python -m commgym.experiments.bench
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -22,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,8 +53,9 @@ def worker_command(
     model: str,
     compressors: Sequence[str],
     rounds: int,
+    sync_period: int = 1,
 ) -> list[str]:
-    """The torchrun command line that runs the benchmark's ranks.
+    """The torchrun command line that runs the benchmark's ranks (loopback).
 
     Args:
         world_size: number of ranks (one process each, ``--standalone`` rendezvous on a
@@ -64,6 +67,7 @@ def worker_command(
         model: benchmark model name.
         compressors: compression specs (``none`` first).
         rounds: interleaved repetitions.
+        sync_period: local-SGD period of ours.
 
     Returns:
         ``argv`` for ``subprocess`` (``python -m torch.distributed.run ...``).
@@ -71,6 +75,26 @@ def worker_command(
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", "--nproc-per-node", str(world_size),
+        *worker_args(
+            out, steps=steps, warmup=warmup, bucket_mb=bucket_mb, model=model,
+            compressors=compressors, rounds=rounds, sync_period=sync_period,
+        ),
+    ]  # fmt: skip
+
+
+def worker_args(
+    out: Path,
+    *,
+    steps: int,
+    warmup: int,
+    bucket_mb: float,
+    model: str,
+    compressors: Sequence[str],
+    rounds: int,
+    sync_period: int,
+) -> list[str]:
+    """What torchrun runs on every rank: the benchmark worker module and its options."""
+    return [
         "-m", "commgym.experiments.bench_worker",
         "--out", str(out),
         "--steps", str(steps),
@@ -79,6 +103,7 @@ def worker_command(
         "--model", model,
         "--compressors", ",".join(compressors),
         "--rounds", str(rounds),
+        "--sync-period", str(sync_period),
     ]  # fmt: skip
 
 
@@ -124,21 +149,28 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
 
     Returns:
         A dict with ``rows`` (one per configuration, DDP first: ``config``,
-        ``median_step_ms``, ``ratio_vs_ddp``, ``ratio_vs_none``, ``bytes_per_step``,
+        ``median_step_ms`` (the mean over whole averaging rounds when ``sync_period > 1``),
+        ``round_ms`` (per averaging round: ``sync_period`` steps), ``ratio_vs_ddp``,
+        ``ratio_vs_none``, mean ``bytes_per_step``,
         ``compression_ratio``, mean ``compute_ms`` / ``comm_wait_ms`` / ``compress_ms`` for
         ours), ``ratio_none_vs_ddp`` (median of ours-``none`` over median of DDP, all
         rounds), ``round_ratios_none_vs_ddp`` (the same per round) and ``meets_target``.
     """
     step_s = raw["step_s"]
-    med = {c: _median([t for rnd in step_s[c] for t in rnd]) for c in raw["configs"]}
+    period = int(raw.get("sync_period", 1))
+    # H > 1: one step in H also averages, so the mean over whole rounds is the figure
+    # (the median would hide the averaging step); H = 1: the median step
+    center = _median if period == 1 else statistics.fmean
+    med = {c: center([t for rnd in step_s[c] for t in rnd]) for c in raw["configs"]}
     ddp_bytes = int(raw["param_bytes"])
     none_rows = [s for rnd in raw["ours"]["none"] for s in rnd]
-    none_bytes = _median([s["bytes_sent"] for s in none_rows])
+    none_bytes = statistics.fmean([s["bytes_sent"] for s in none_rows])
     rows: list[dict[str, Any]] = [
         {
             "config": "torch DDP",
             "spec": "ddp",
             "median_step_ms": 1e3 * med["ddp"],
+            "round_ms": 1e3 * med["ddp"] * period,
             "ratio_vs_ddp": 1.0,
             "ratio_vs_none": med["ddp"] / med["none"],
             "bytes_per_step": ddp_bytes,
@@ -150,12 +182,13 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     ]
     for spec in raw["configs"][1:]:
         stats = [s for rnd in raw["ours"][spec] for s in rnd]
-        nbytes = _median([s["bytes_sent"] for s in stats])
+        nbytes = statistics.fmean([s["bytes_sent"] for s in stats])
         rows.append(
             {
-                "config": f"ours {spec}",
+                "config": f"ours {spec}" + (f" H={period}" if period > 1 else ""),
                 "spec": spec,
                 "median_step_ms": 1e3 * med[spec],
+                "round_ms": 1e3 * med[spec] * period,
                 "ratio_vs_ddp": med[spec] / med["ddp"],
                 "ratio_vs_none": med[spec] / med["none"],
                 "bytes_per_step": nbytes,
@@ -167,7 +200,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         )
     ratio = med["none"] / med["ddp"]
     round_ratios = [
-        _median(o) / _median(d) for o, d in zip(step_s["none"], step_s["ddp"], strict=True)
+        center(o) / center(d) for o, d in zip(step_s["none"], step_s["ddp"], strict=True)
     ]
     return {
         "rows": rows,
@@ -179,6 +212,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         "meets_goal": ratio <= GOAL_RATIO,
         "max_param_diff_ddp_vs_none": raw["max_param_diff_ddp_vs_none"],
         "numel": raw["numel"],
+        "sync_period": period,
     }
 
 
@@ -187,21 +221,25 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def _print_report(console: Console, summary: dict[str, Any], meta: dict[str, Any]) -> None:
+    period = summary.get("sync_period", 1)
+    network = meta.get("network") or "loopback (unshaped)"
     table = Table(
         title=(
             f"bench sync: {meta['model']} ({summary['numel'] / 1e6:.2f}M params), "
-            f"{meta['world_size']} gloo ranks, bucket {meta['bucket_mb']:g} MiB, "
+            f"{meta['world_size']} gloo ranks on {network}, bucket {meta['bucket_mb']:g} MiB, "
             f"{meta['rounds']} rounds x {meta['steps']} steps (+{meta['warmup']} warm-up)"
+            + (f", ours at sync period {period} (DDP every step)" if period > 1 else "")
         ),
     )
-    for name in ("config", "median step ms", "ratio vs DDP", "ratio vs ours-none",
+    step_col = "median step ms" if period == 1 else f"ms per round of {period} steps"
+    for name in ("config", step_col, "ratio vs DDP", "ratio vs ours-none",
                  "bytes/step", "compression ratio", "compute ms", "comm wait ms",
                  "compress ms"):  # fmt: skip
         table.add_column(name, justify="left" if name == "config" else "right", no_wrap=True)
     for r in summary["rows"]:
         table.add_row(
             r["config"],
-            _fmt(r["median_step_ms"], ".2f"),
+            _fmt(r["median_step_ms"] if period == 1 else r["round_ms"], ".2f"),
             _fmt(r["ratio_vs_ddp"], ".3f"),
             _fmt(r["ratio_vs_none"], ".3f"),
             f"{r['bytes_per_step']:,.0f}",
@@ -211,6 +249,8 @@ def _print_report(console: Console, summary: dict[str, Any], meta: dict[str, Any
             _fmt(r["compress_ms"], ".2f"),
         )
     console.print(table)
+    if period > 1:
+        return  # DDP synchronises every step: no like-for-like target
     ratio = summary["ratio_none_vs_ddp"]
     rounds = ", ".join(f"{x:.3f}" for x in summary["round_ratios_none_vs_ddp"])
     verdict = "[green]PASS[/green]" if summary["meets_target"] else "[red]FAIL[/red]"
@@ -234,6 +274,9 @@ def run_sync_benchmark(
     json_path: str | Path | None = None,
     timeout_s: float | None = None,
     console: Console | None = None,
+    network: str | None = None,
+    network_strict: bool = True,
+    sync_period: int = 1,
 ) -> dict[str, Any]:
     """Run the DDP-vs-ours benchmark in one torchrun launch and print its table.
 
@@ -257,6 +300,15 @@ def run_sync_benchmark(
         timeout_s: wall-clock limit of the whole launch in seconds; ``None`` derives one
             from the number of steps.
         console: rich console to print to (default: stdout, at least 150 columns wide).
+        network: ``None`` (unshaped loopback) or a network spec / profile (e.g.
+            ``"1gbit"``): every rank then runs in its own network namespace with ``tc``
+            shaping its link, one torchrun agent per namespace (needs root, see
+            :class:`commgym.env.net.EmulatedNetwork`); DDP and ours share the links.
+        network_strict: with ``False`` delay/jitter/loss the kernel cannot emulate
+            (no ``sch_netem``) are dropped with a warning instead of raising.
+        sync_period: local-SGD period of ours; ``H > 1`` reports time per averaging
+            round (``H`` steps, compressed averaging included); ``steps`` is rounded up
+            to a multiple of ``H``.
 
     Returns:
         The summary (see :func:`summarize`) with ``meta`` (arguments, command line,
@@ -278,6 +330,15 @@ def run_sync_benchmark(
         )
     if not (isinstance(bucket_mb, int | float) and math.isfinite(bucket_mb) and bucket_mb > 0):
         raise ValueError(f"bucket_mb must be a finite number > 0 (MiB), got {bucket_mb!r}")
+    if isinstance(sync_period, bool) or not isinstance(sync_period, int) or sync_period < 1:
+        raise ValueError(f"sync_period must be an integer >= 1, got {sync_period!r}")
+    steps = -(-steps // sync_period) * sync_period
+    warmup = -(-warmup // sync_period) * sync_period  # measured steps start a round
+    net_spec = None
+    if network is not None:
+        from commgym.env.net import NetworkSpec
+
+        net_spec = NetworkSpec.parse(network)  # ValueError names the valid forms
     specs = list(dict.fromkeys(str(CompressionSpec.parse(c)) for c in ["none", *compressors]))
     if console is None:
         console = Console()
@@ -287,46 +348,50 @@ def run_sync_benchmark(
         n_steps = rounds * (len(specs) + 1) * (steps + warmup)
         timeout_s = 120.0 + n_steps * _STEP_BUDGET_S[model] * world_size / 2
 
-    with tempfile.TemporaryDirectory(prefix="commgym-bench-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="commgym-bench-"))
         out = Path(tmp) / "result.json"
         log = Path(tmp) / "torchrun.log"
-        cmd = worker_command(
-            world_size, out, steps=steps, warmup=warmup, bucket_mb=bucket_mb,
-            model=model, compressors=specs, rounds=rounds,
+        args = worker_args(
+            out, steps=steps, warmup=warmup, bucket_mb=bucket_mb, model=model,
+            compressors=specs, rounds=rounds, sync_period=sync_period,
         )  # fmt: skip
         # TMPDIR: torchrun's own temp folders go away with ours
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TMPDIR=tmp)
+        if net_spec is None:
+            launches = [
+                (
+                    worker_command(
+                        world_size, out, steps=steps, warmup=warmup, bucket_mb=bucket_mb,
+                        model=model, compressors=specs, rounds=rounds, sync_period=sync_period,
+                    ),
+                    env,
+                )
+            ]  # fmt: skip
+            where = "loopback"
+        else:
+            from commgym.env.net import EmulatedNetwork
+
+            net = stack.enter_context(EmulatedNetwork(world_size, net_spec, strict=network_strict))
+            launches = net.torchrun_commands(args, env)
+            where = f"namespaces shaped to {net.effective_spec}"
+        cmd = launches[0][0]
         console.print(
-            f"[dim]launching {world_size} ranks: {' '.join(cmd[1:5])} ... "
+            f"[dim]launching {world_size} ranks on {where}: {' '.join(cmd[1:5])} ... "
             f"(timeout {timeout_s:.0f} s)[/dim]"
         )
-        with log.open("wb") as log_f:
-            proc = subprocess.Popen(
-                cmd, stdout=log_f, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-            try:
-                rc = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                msg = (
-                    f"benchmark ranks did not finish within {timeout_s:.0f} s; killed the "
-                    f"process group of torchrun (pid {proc.pid}). Last output:\n{_excerpt(log)}"
-                )
-                console.print(f"[red]error:[/red] {msg}", markup=False, highlight=False)
-                raise WorkerFailed(msg) from None
-            except BaseException:  # Ctrl-C: never leave ranks behind
-                _kill_group(proc)
-                raise
-            finally:
-                _kill_group(proc)  # stragglers of a finished launch (no-op otherwise)
+        rc = _run_launches(launches, log, timeout_s, console)
         if rc != 0 or not out.exists():
             reason = f"exit status {rc}" if rc != 0 else "no result file written"
             msg = f"benchmark ranks failed ({reason}). Last output:\n{_excerpt(log)}"
             console.print(f"error: {msg}", markup=False, highlight=False, style="red")
             raise WorkerFailed(msg)
         raw = json.loads(out.read_text())
+        effective = str(net.effective_spec) if net_spec is not None else None
 
     meta = {
+        "network": effective,
+        "sync_period": sync_period,
         "world_size": world_size,
         "steps": steps,
         "warmup": warmup,
@@ -344,6 +409,52 @@ def run_sync_benchmark(
     result = {**summary, "meta": meta, "raw": raw}
     write_json(result, json_path, console)
     return result
+
+
+def _run_launches(
+    launches: list[tuple[list[str], dict[str, str]]],
+    log: Path,
+    timeout_s: float,
+    console: Console,
+) -> int:
+    """Start every launcher (own process group each), wait for all; kill all on failure.
+
+    Returns:
+        The first non-zero exit status, else 0.
+
+    Raises:
+        WorkerFailed: the launch did not finish within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    procs: list[subprocess.Popen[bytes]] = []
+    with log.open("wb") as log_f:
+        try:
+            for cmd, env in launches:
+                procs.append(
+                    subprocess.Popen(
+                        cmd, stdout=log_f, stderr=subprocess.STDOUT, env=env,
+                        start_new_session=True,
+                    )
+                )  # fmt: skip
+            rc = 0
+            for proc in procs:
+                code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                if code != 0:
+                    rc = rc or code
+                    break  # one rank failed: the others would wait for it
+            return rc
+        except subprocess.TimeoutExpired:
+            for proc in procs:
+                _kill_group(proc)
+            msg = (
+                f"benchmark ranks did not finish within {timeout_s:.0f} s; killed the "
+                f"launchers' process groups. Last output:\n{_excerpt(log)}"
+            )
+            console.print(f"[red]error:[/red] {msg}", markup=False, highlight=False)
+            raise WorkerFailed(msg) from None
+        finally:  # Ctrl-C, a failed rank, or stragglers of a finished launch
+            for proc in procs:
+                _kill_group(proc)
 
 
 def write_json(result: dict[str, Any], json_path: str | Path | None, console: Console) -> None:

@@ -16,8 +16,12 @@ events around each call (one synchronisation after all repeats, outside the meas
 calls); CPU times from ``time.perf_counter``.
 
 Targets on a GPU: quantise/dequantise >= 0.5x copy throughput at >= 16 MiB, and >= 3x
-faster than the torch-op chain. On CPU only the reference path exists; the benchmark
-says so, caps buffer sizes (:data:`CPU_MAX_MB`) and reports the reference next to copy.
+faster than the torch-op chain. On CPU the fused kernels are the numba ones of
+:mod:`commgym.collectives.kernels.cpu_kernels` (one intra-op thread by default, as each
+rank of a CPU job has), and the targets are times relative to copying the same buffer
+(:data:`CPU_TARGETS`); buffer sizes are capped at :data:`CPU_MAX_MB` (the reference's top-k
+takes seconds beyond). ``compare_compile`` also measures ``torch.compile`` (Inductor's C++
+code) of the reference int8 quantiser, with its compile time, as the alternative to numba.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from commgym.collectives.kernels import reference
 __all__ = [
     "COPY_RATIO_TARGET",
     "CPU_MAX_MB",
+    "CPU_TARGETS",
     "DENSITY",
     "SPEEDUP_TARGET",
     "run_kernel_benchmark",
@@ -50,6 +55,14 @@ SPEEDUP_TARGET = 3.0
 CPU_MAX_MB = 16.0
 #: Density of the top-k / random-k measurements.
 DENSITY = 0.01
+#: CPU targets: kernel-name prefix -> (target, goal) for time / time of copying the buffer.
+CPU_TARGETS: dict[str, tuple[float, float]] = {
+    "quantize int8": (8.0, 4.0),
+    "quantize int4": (8.0, 4.0),
+    "dequantize": (4.0, 4.0),
+    "topk": (20.0, 10.0),
+    "randomk 0.01 gather": (10.0, 10.0),
+}
 
 _MiB = 1 << 20
 
@@ -162,20 +175,26 @@ def _gbps(nbytes: int, seconds: float) -> float:
 
 
 def run_kernel_benchmark(
-    sizes_mb: Sequence[float] = (1, 16, 64, 256),
+    sizes_mb: Sequence[float] | None = None,
     repeats: int = 10,
     device: str = "auto",
     *,
+    threads: int = 1,
+    compare_compile: bool = False,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Measure every compression kernel against a device copy and the torch-op chain.
 
     Args:
-        sizes_mb: fp32 buffer sizes in MiB (> 0). On CPU sizes above
-            :data:`CPU_MAX_MB` are skipped (and the output says so).
+        sizes_mb: fp32 buffer sizes in MiB (> 0); ``None``: 4.5 and 16 on CPU (a 1.1 M
+            parameter MLP's bucket and a larger one), 16, 64 and 256 on CUDA. On CPU sizes
+            above :data:`CPU_MAX_MB` are skipped (and the output says so).
         repeats: timed calls per measurement (>= 1); the median is reported. Each
             measurement is preceded by one untimed warm-up call (Triton JIT compile).
         device: ``"auto"`` (CUDA when available), ``"cuda"`` or ``"cpu"``.
+        threads: torch intra-op threads on CPU (>= 1); the numba kernels use one.
+        compare_compile: also time ``torch.compile`` of the reference int8 quantiser (CPU
+            only; the first compile takes tens of seconds on 2 cores).
         console: rich console to print to (default: stdout, at least 120 columns).
 
     Returns:
@@ -187,28 +206,37 @@ def run_kernel_benchmark(
     Raises:
         ValueError: bad sizes, repeats or device (including ``cuda`` without a GPU).
     """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    dev = _resolve_device(device)
+    if sizes_mb is None:
+        sizes_mb = (4.5, 16) if dev.type == "cpu" else (16, 64, 256)
     sizes = [float(s) for s in sizes_mb]
     if not sizes or any(not (s > 0) for s in sizes):
         raise ValueError(f"sizes_mb must be non-empty and > 0 MiB, got {list(sizes_mb)!r}")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    dev = _resolve_device(device)
+    if dev.type == "cpu":
+        torch.set_num_threads(threads)
     if console is None:
         console = Console()
         if not console.is_terminal or console.width < 120:
             console = Console(width=120)
 
     probe = torch.empty(0, device=dev)
-    fused = kernels.backend_for(probe) if dev.type == "cuda" else None
+    fused = kernels.backend_for(probe)
     if fused is reference:
         fused = None
+    elif dev.type == "cpu":
+        kernels.warmup("cpu")  # numba compiles (or loads its cache) outside the timings
     skipped = [s for s in sizes if dev.type == "cpu" and s > CPU_MAX_MB]
     sizes = [s for s in sizes if s not in skipped]
 
     if dev.type == "cpu":
         console.print(
-            "[bold yellow]CPU run: no CUDA device, so only the reference (torch-op chain) is "
-            "measured; the fused Triton kernels and the GPU targets are not evaluated.[/]"
+            "[bold yellow]CPU run: the fused kernels are the numba ones "
+            f"({'available' if fused is not None else 'NOT available: pip install numba'}); "
+            "the Triton kernels and the GPU targets need a CUDA device.[/]"
         )
         if skipped:
             console.print(
@@ -228,12 +256,15 @@ def run_kernel_benchmark(
 
     measure = _timer(dev)
     rows: list[dict[str, Any]] = []
+    rows_compile: list[dict[str, Any]] = []
     for size in sizes:
         n = max(1, int(size * _MiB) // 4)
         src = torch.randn(n, device=dev)
         dst = torch.empty_like(src)
         copy_s = statistics.median(measure(lambda s=src, d=dst: d.copy_(s), repeats))
         copy_gbps = _gbps(8 * n, copy_s)
+        if compare_compile and dev.type == "cpu":
+            rows_compile.append(_measure_compiled_quantize(n, measure, repeats, copy_s, size))
         del src, dst
         impls = [("reference", reference)] + ([("fused", fused)] if fused is not None else [])
         per_impl = {label: _cases(n, dev, mod) for label, mod in impls}
@@ -243,12 +274,14 @@ def run_kernel_benchmark(
                 "kernel": kernel,
                 "bytes": nbytes,
                 "copy_gbps": copy_gbps,
+                "copy_s": copy_s,
             }
             for label, cases in per_impl.items():
                 sec = statistics.median(measure(cases[i][2], repeats))
                 row[f"{label}_s"] = sec
                 row[f"{label}_gbps"] = _gbps(nbytes, sec)
                 row[f"{label}_vs_copy"] = row[f"{label}_gbps"] / copy_gbps
+                row[f"{label}_time_vs_copy"] = sec / copy_s
             if "fused_s" in row:
                 row["speedup"] = row["reference_s"] / row["fused_s"]
             rows.append(row)
@@ -257,13 +290,79 @@ def run_kernel_benchmark(
             torch.cuda.empty_cache()
 
     _print_table(console, rows, fused is not None, dev)
-    _print_verdict(console, rows, fused is not None)
+    if dev.type == "cpu":
+        _print_cpu_verdict(console, rows, fused is not None)
+        if rows_compile:
+            _print_compile(console, rows_compile, rows)
+    else:
+        _print_verdict(console, rows, fused is not None)
     return {
         "device": str(dev),
+        "threads": torch.get_num_threads() if dev.type == "cpu" else None,
         "fused_available": fused is not None,
         "skipped_mb": skipped,
         "rows": rows,
+        "compile_rows": rows_compile,
     }
+
+
+def _measure_compiled_quantize(
+    n: int, measure: Callable[[Callable[[], Any], int], list[float]], repeats: int,
+    copy_s: float, size: float,
+) -> dict[str, Any]:  # fmt: skip
+    """``torch.compile`` of the reference int8 quantiser + EF: compile time and run time."""
+
+    def quantize(x, r, codes, scales):
+        reference.quantize_ef(x, r, 8, out_codes=codes, out_scales=scales)
+
+    x = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    r = torch.zeros(n)
+    codes = torch.empty(reference.packed_nbytes(n, 8), dtype=torch.uint8)
+    scales = torch.empty(reference.num_chunks(n))
+    compiled = torch.compile(quantize, dynamic=False)
+    t0 = time.perf_counter()
+    compiled(x, r, codes, scales)
+    compile_s = time.perf_counter() - t0
+    sec = statistics.median(measure(lambda: compiled(x, r, codes, scales), repeats))
+    return {"size_mb": size, "compile_s": compile_s, "compiled_s": sec, "copy_s": copy_s}
+
+
+def _print_compile(
+    console: Console, rows_compile: list[dict[str, Any]], rows: list[dict[str, Any]]
+) -> None:
+    table = Table(title="int8 quantise + EF: torch.compile (Inductor C++) vs numba vs torch ops")
+    for col in ("MiB", "compile s", "compiled ms", "compiled/copy", "numba/copy", "ops/copy"):
+        table.add_column(col, justify="right")
+    for rc in rows_compile:
+        match = [
+            r for r in rows if r["size_mb"] == rc["size_mb"] and r["kernel"] == "quantize int8 +EF"
+        ]
+        fused = match[0].get("fused_time_vs_copy") if match else None
+        ops = match[0].get("reference_time_vs_copy") if match else None
+        table.add_row(
+            f"{rc['size_mb']:g}",
+            f"{rc['compile_s']:.1f}",
+            f"{rc['compiled_s'] * 1e3:.3f}",
+            f"{rc['compiled_s'] / rc['copy_s']:.1f}",
+            "-" if fused is None else f"{fused:.1f}",
+            "-" if ops is None else f"{ops:.1f}",
+        )
+    console.print(table)
+
+
+def _print_cpu_verdict(console: Console, rows: list[dict[str, Any]], has_fused: bool) -> None:
+    key = "fused_time_vs_copy" if has_fused else "reference_time_vs_copy"
+    for prefix, (target, goal) in CPU_TARGETS.items():
+        hits = [r for r in rows if r["kernel"].startswith(prefix)]
+        if not hits:
+            continue
+        worst = max(hits, key=lambda r: r[key])
+        ok = worst[key] <= target
+        console.print(
+            f"[{'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/] {prefix}: worst "
+            f"{worst[key]:.1f}x the copy time ({worst['kernel']}, {worst['size_mb']:g} MiB); "
+            f"target <= {target:g}x, goal <= {goal:g}x"
+        )
 
 
 def _print_table(console: Console, rows: list[dict[str, Any]], has_fused: bool, dev) -> None:
@@ -272,10 +371,11 @@ def _print_table(console: Console, rows: list[dict[str, Any]], has_fused: bool, 
     )
     for col in ("MiB", "kernel", "copy GB/s"):
         table.add_column(col, justify="right" if col != "kernel" else "left")
+    table.add_column("copy ms", justify="right")
     if has_fused:
-        for col in ("fused ms", "fused GB/s", "fused/copy"):
+        for col in ("fused ms", "fused GB/s", "fused time/copy"):
             table.add_column(col, justify="right")
-    for col in ("torch-op ms", "torch-op GB/s", "torch-op/copy"):
+    for col in ("torch-op ms", "torch-op GB/s", "torch-op time/copy"):
         table.add_column(col, justify="right")
     if has_fused:
         table.add_column("speed-up", justify="right")
@@ -284,17 +384,19 @@ def _print_table(console: Console, rows: list[dict[str, Any]], has_fused: bool, 
         if last is not None and r["size_mb"] != last:
             table.add_section()
         last = r["size_mb"]
-        cells = [f"{r['size_mb']:g}", r["kernel"], f"{r['copy_gbps']:.1f}"]
+        cells = [
+            f"{r['size_mb']:g}", r["kernel"], f"{r['copy_gbps']:.1f}", f"{r['copy_s'] * 1e3:.3f}"
+        ]  # fmt: skip
         if has_fused:
             cells += [
                 f"{r['fused_s'] * 1e3:.3f}",
                 f"{r['fused_gbps']:.1f}",
-                f"{r['fused_vs_copy']:.2f}",
+                f"{r['fused_time_vs_copy']:.1f}",
             ]
         cells += [
             f"{r['reference_s'] * 1e3:.3f}",
             f"{r['reference_gbps']:.1f}",
-            f"{r['reference_vs_copy']:.2f}",
+            f"{r['reference_time_vs_copy']:.1f}",
         ]
         if has_fused:
             cells.append(f"{r['speedup']:.1f}x")

@@ -29,7 +29,7 @@ def run_netem_benchmark(
     """Measure and print all-reduce bus bandwidth for each profile and world size.
 
     Args:
-        profiles: profile names or spec strings (see ``commgym.env.netem.PROFILES``).
+        profiles: profile names or spec strings (see ``commgym.env.net.PROFILES``).
         world_sizes: rank counts (each rank in its own namespace).
         sizes_mb: buffer sizes in MiB.
         repeats: timed all-reduces per size (median reported).
@@ -42,7 +42,7 @@ def run_netem_benchmark(
         RuntimeError: network emulation is not available on this machine.
     """
     from commgym.env.cluster import Cluster
-    from commgym.env.netem import EmulatedNetwork, NetworkSpec, delay_available, netem_available
+    from commgym.env.net import EmulatedNetwork, NetworkSpec, delay_available, netem_available
 
     ok, why = netem_available()
     if not ok:

@@ -90,6 +90,21 @@ def bench_sync(
     timeout_s: float | None = typer.Option(
         None, "--timeout-s", help="Kill the ranks after this many seconds (default: from steps)."
     ),
+    network: str | None = typer.Option(
+        None,
+        "--network",
+        help="Shape every rank's link (e.g. 1gbit, 100mbit, ethernet-1g; needs root): one "
+        "network namespace and torchrun agent per rank. Default: unshaped loopback.",
+    ),
+    network_strict: bool = typer.Option(
+        True,
+        "--network-strict/--drop-impairments",
+        help="Without the kernel's netem, refuse (default) or drop delay/jitter/loss with a "
+        "warning and keep the rate.",
+    ),
+    sync_period: int = typer.Option(
+        1, "--sync-period", min=1, help="Local-SGD period of ours (reports time per round)."
+    ),
 ) -> None:
     """Torch DDP vs GradientSynchronizer (same model, buckets, gloo ranks) and every compressor."""
     from commgym.collectives import WorkerFailed
@@ -106,9 +121,15 @@ def bench_sync(
             rounds=rounds,
             json_path=json_path,
             timeout_s=timeout_s,
+            network=network,
+            network_strict=network_strict,
+            sync_period=sync_period,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    except (PermissionError, RuntimeError) as exc:  # network emulation unavailable here
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
     except WorkerFailed as exc:  # already printed with the ranks' output
         raise typer.Exit(code=1) from exc
 
@@ -116,20 +137,30 @@ def bench_sync(
 @bench_app.command("kernels")
 def bench_kernels(
     sizes_mb: str = typer.Option(
-        "1,16,64,256", "--sizes-mb", help="Comma-separated buffer sizes in MiB."
+        "auto",
+        "--sizes-mb",
+        help="Comma-separated buffer sizes in MiB ('auto': 4.5,16 on CPU; 16,64,256 on CUDA).",
     ),
     repeats: int = typer.Option(10, "--repeats", min=1, help="Timed repetitions per measurement."),
     device: str = typer.Option(
         "auto", "--device", help="'auto' (cuda if available), 'cuda' or 'cpu'."
     ),
+    threads: int = typer.Option(1, "--threads", min=1, help="torch intra-op threads on CPU."),
+    compare_compile: bool = typer.Option(
+        False, "--compare-compile", help="Also time torch.compile of the int8 quantiser (CPU)."
+    ),
 ) -> None:
-    """Throughput of each compression kernel next to a device-to-device copy."""
+    """Time of each compression kernel next to a copy of the same buffer."""
     from commgym.experiments.bench_kernels import run_kernel_benchmark
 
     run_kernel_benchmark(
-        sizes_mb=[float(s) for s in sizes_mb.split(",") if s.strip()],
+        sizes_mb=None
+        if sizes_mb == "auto"
+        else [float(s) for s in sizes_mb.split(",") if s.strip()],
         repeats=repeats,
         device=device,
+        threads=threads,
+        compare_compile=compare_compile,
     )
 
 
@@ -206,7 +237,7 @@ app.add_typer(netem_app, name="netem")
 @netem_app.command("cleanup")
 def netem_cleanup() -> None:
     """Remove leftover namespaces/links of commgym networks whose owner process is gone."""
-    from commgym.env.netem import cleanup_leftovers
+    from commgym.env.net import cleanup_leftovers
 
     removed = cleanup_leftovers()
     typer.echo(

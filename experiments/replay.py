@@ -9,7 +9,7 @@ The table shows time-to-target, bytes per iteration, final loss and accuracy sid
 Why the environment and not ``torchrun`` of the example script per agent: the env is the
 measured path the policy was trained and evaluated on (same ranks, same network
 emulation, same definitions of training time and time-to-target, the same
-``aggregate_measurements`` + ``ObservationBuilder`` code that
+``DecisionMeasurement`` + ``ObservationBuilder`` code that
 :class:`~commgym.agents.replay.CommScheduler` uses inside a user's job), the ranks are
 launched once for all agents, and the results come back as ``EpisodeResult`` rows that
 ``commgym train`` / ``commgym evaluate`` already print. The example script

@@ -22,7 +22,7 @@ Typical use::
     print(ui_command(tracker.tracking_uri))
 
 Metrics always carry a ``step`` and are sent in batches (``client.log_batch``), so
-10,000 points cost ~20 calls, not 10,000 (STYLE.md rule 16).
+10,000 points cost ~20 calls, not 10,000.
 """
 
 from __future__ import annotations

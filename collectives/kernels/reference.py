@@ -45,6 +45,7 @@ __all__ = [
     "hash_uniform",
     "num_chunks",
     "packed_nbytes",
+    "powersgd_residual",
     "quantize_ef",
     "randomk_gather_ef",
     "randomk_indices",
@@ -381,6 +382,36 @@ def randomk_scatter(
     out.zero_()
     out[indices] = values if weights is None else values * weights.to(values.dtype)
     return out
+
+
+def powersgd_residual(
+    work: torch.Tensor,
+    estimate: torch.Tensor,
+    world_size: int,
+    residual: torch.Tensor,
+    dense_mask: torch.Tensor,
+) -> torch.Tensor:
+    """PowerSGD's error-feedback update: ``residual = work - estimate / W``, in place.
+
+    Vogels et al. (NeurIPS 2019) keep ``e_r = M_r - P Q^T`` per worker. Inputs here are
+    pre-divided by ``W`` (``work = M_r / W + e_r``), so the same error is
+    ``work - estimate / W``, and the sum over ranks is the aggregate's error. Elements sent
+    uncompressed (``dense_mask``) lose nothing: their residual is zero. Elements whose new
+    residual would be non-finite keep their old value.
+
+    Args:
+        work: fp32 ``[n]``.
+        estimate: fp32 ``[n]``, the decoded aggregate.
+        world_size: ``W`` (int >= 1).
+        residual: fp32 ``[n]``, updated in place.
+        dense_mask: bool ``[n]``, True where the tensor was sent uncompressed.
+
+    Returns:
+        ``residual``.
+    """
+    new = torch.where(dense_mask, 0.0, work - estimate / world_size)
+    residual.copy_(torch.where(torch.isfinite(new), new, residual))
+    return residual
 
 
 def topk_k(numel: int, density: float) -> int:

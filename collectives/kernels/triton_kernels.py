@@ -678,7 +678,7 @@ def topk_ef(
     3. per-block counts of ``key > T`` / ``key == T`` and an exclusive ``torch.cumsum``;
     4. one pass that compacts values and int32 indices and writes the residual.
 
-    Why not the sampled threshold suggested in the issue: a threshold estimated from a
+    Why not a sampled threshold: a threshold estimated from a
     sample gives no guarantee of at least ``k`` and at most a fixed number of candidates,
     and with common ties (all-zero or frozen-parameter buckets) the candidate set is the
     whole bucket; recovering exactness would need either a host sync to size the

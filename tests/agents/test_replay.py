@@ -21,7 +21,7 @@ import torch
 from commgym.agents import PPOAgent, StaticAgent
 from commgym.agents.base import _LayoutEnv
 from commgym.agents.replay import EXCHANGED_FIELDS, CommScheduler, resolve_policy
-from commgym.env.allreduce_env import AllReduceEnv
+from commgym.env.measure import DecisionMeasurement
 from commgym.env.spaces import ActionMenu, ObservationBuilder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,9 +82,9 @@ def rank_parity(rank, world):
     env_train = 0.0
     for d in range(3):
         replies = [_rank_dict(r, d) for r in range(world)]
-        # the env path: AllReduceEnv._aggregate + ObservationBuilder.build
-        m = AllReduceEnv._aggregate(replies)
-        env_train += m["train_time_s"]
+        # the env path: DecisionMeasurement.from_ranks + ObservationBuilder.build
+        m = DecisionMeasurement.from_ranks(replies)
+        env_train += m.train_time_s
         env_obs.append(env_builder.build(m, sched._action, min(1.0, env_train / 1.0)))
         # the scheduler path: real all-gather of this rank's dict, then its _observe
         per_rank = sched._exchange(replies[rank])
@@ -102,7 +102,7 @@ def test_observation_parity_with_env(dist2):
 
 
 def test_exchanged_fields_cover_aggregation():
-    # every key aggregate_measurements reads travels in the all-gather (bucket_bytes is local)
+    # every field from_ranks reads travels in the all-gather (bucket_bytes stays local)
     needed = set(_rank_dict(0, 0)) - {"bucket_bytes"}
     assert needed == set(EXCHANGED_FIELDS)
 

@@ -9,7 +9,7 @@ import pytest
 
 from commgym.env import AllReduceEnv
 from commgym.env.cluster import Cluster
-from commgym.env.netem import EmulatedNetwork, netem_available, tbf_burst_bytes
+from commgym.env.net import EmulatedNetwork, netem_available, tbf_burst_bytes
 from commgym.env.spaces import effective_bandwidth_gbps
 
 ok, why = netem_available()
@@ -45,43 +45,62 @@ def test_shaped_env_trains_and_bandwidth_reflects_shaping():
     assert name not in _names(), "namespaces/veths/bridge must be gone after close()"
 
 
-def test_schedule_change_mid_episode_shows_in_bandwidth():
-    """The observation is the effective bandwidth, and the slower link bounds throughput.
+def _run_schedule(env, max_steps=40):
+    """Steps until three decisions ran on the second profile; one row per decision."""
+    env.reset(seed=0)
+    rows, start_s = [], 0.0
+    while len(rows) < max_steps:
+        obs, _, _, _, info = env.step(env.menu.default_action())
+        qdisc = " ".join(env.network.qdiscs(0))
+        rows.append({"start_s": start_s, "obs": obs, "info": info, "qdisc": qdisc})
+        start_s = info["train_time_s"]
+        if sum(r["info"]["network"] == "100mbit" for r in rows) >= 3:
+            break
+    return rows
 
-    What is checked is what the spec card promises, none of it a ratio that moves with
-    machine load: index 4 equals ``effective_bandwidth_gbps`` of the decision's measured
-    bytes and comm wait, and is never below the decision's own average throughput; once
-    the schedule switched to 100 Mbit/s, no decision moved more bytes than the link can
-    carry in its training time (rate * t + one token-bucket burst). 20 iterations per
-    decision send ~2 MB, 16x the burst, so a link left at 1 Gbit/s fails the bound
-    whenever the ranks are faster than the slow link.
-    """
-    slow_rate = 100e6
-    env = AllReduceEnv(
-        **{**BASE, "steps_per_decision": 20}, network=[[0, "1gbit"], [0.3, "100mbit"]]
-    )
+
+def test_schedule_switches_the_applied_rate_mid_episode():
+    # What the schedule does, independent of the machine's speed: the profile in force is
+    # chosen by the training time at the start of each decision, tc carries that rate on
+    # the links, and the bandwidth observation is the recorded bytes over the recorded
+    # communication time.
+    env = AllReduceEnv(**BASE, network=[[0, "1gbit"], [0.3, "100mbit"]])
     try:
-        env.reset(seed=0)
-        rows = []
-        while len(rows) < 40:
-            obs, _, terminated, _, info = env.step(env.menu.default_action())
-            assert not terminated, info
-            rows.append((float(obs[BW]), info["network"], info["measured"]))
-            if sum(n == "100mbit" for _, n, _ in rows) >= 4:
-                break
-        nets = [n for _, n, _ in rows]
-        assert "1gbit" in nets and nets.count("100mbit") >= 4, nets
-        for bw, _, m in rows:
-            expected = effective_bandwidth_gbps(m["bytes_total"], m["comm_s"])
-            assert bw == pytest.approx(expected, rel=1e-5), (bw, m)
-            assert bw >= m["bytes_total"] * 8 / m["train_time_s"] / 1e9 * (1 - 1e-5), (bw, m)
-        # the first 100 Mbit/s decision may have started on the fast link
-        burst = tbf_burst_bytes(slow_rate)
-        for _, _, m in [r for r in rows if r[1] == "100mbit"][1:]:
-            carried = slow_rate / 8 * m["train_time_s"] + burst
-            assert m["bytes_total"] <= 1.05 * carried, (m["bytes_total"], carried, m)
+        rows = _run_schedule(env)
     finally:
         env.close()
+    nets = [r["info"]["network"] for r in rows]
+    assert nets[0] == "1gbit" and nets.count("100mbit") == 3, nets
+    for r in rows:
+        expected = "1gbit" if r["start_s"] < 0.3 else "100mbit"
+        assert r["info"]["network"] == expected, (r["start_s"], r["info"]["network"])
+        assert f"rate {'1Gbit' if expected == '1gbit' else '100Mbit'}" in r["qdisc"], r["qdisc"]
+        m = r["info"]["measured"]
+        assert m["bytes_total"] > 0 and m["comm_s"] > 0, m
+        # the spec card's meaning: effective bandwidth, never below the decision's own
+        # average throughput; on the slow link no decision moved more than the link can
+        # carry in its training time (rate * t + one token-bucket burst), whatever the load
+        bw = effective_bandwidth_gbps(m["bytes_total"], m["comm_s"])
+        assert r["obs"][BW] == pytest.approx(bw, rel=1e-5)
+        assert bw >= m["bytes_total"] * 8 / m["train_time_s"] / 1e9 * (1 - 1e-5), m
+        if expected == "100mbit":
+            carried = 100e6 / 8 * m["train_time_s"] + tbf_burst_bytes(100e6)
+            assert m["bytes_total"] <= 1.05 * carried, (m["bytes_total"], carried)
+
+
+@pytest.mark.expensive
+def test_schedule_change_mid_episode_shows_in_bandwidth():
+    # speed figure: the achieved bandwidth follows the schedule; needs an otherwise idle
+    # machine (next to other CPU-heavy jobs the ratio measured 1.07-1.1)
+    env = AllReduceEnv(**BASE, network=[[0, "1gbit"], [0.3, "100mbit"]])
+    try:
+        rows = _run_schedule(env)
+    finally:
+        env.close()
+    fast = [float(r["obs"][BW]) for r in rows if r["info"]["network"] == "1gbit"]
+    slow = [float(r["obs"][BW]) for r in rows if r["info"]["network"] == "100mbit"]
+    assert fast and len(slow) >= 3
+    assert np.median(fast) > 3 * np.median(slow), (fast, slow)
 
 
 def test_two_rank_allreduce_matches_ring_model():

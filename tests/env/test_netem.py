@@ -21,8 +21,7 @@ import time
 
 import pytest
 
-from commgym.env import netem
-from commgym.env.netem import (
+from commgym.env.net import (
     PROFILES,
     EmulatedNetwork,
     NetworkSchedule,
@@ -30,6 +29,7 @@ from commgym.env.netem import (
     choose_profile,
     cleanup_leftovers,
     delay_available,
+    host,
     netem_available,
 )
 
@@ -161,13 +161,13 @@ def test_choose_profile_is_seeded():
 
 
 def test_missing_privileges_raise_permission_error(monkeypatch):
-    monkeypatch.setattr(netem, "_effective_caps", lambda: 0)
+    monkeypatch.setattr(host, "_effective_caps", lambda: 0)
     with pytest.raises(PermissionError, match="CAP_NET_ADMIN"):
         EmulatedNetwork(2, "1gbit")
 
 
 def test_missing_tools_raise_runtime_error(monkeypatch):
-    monkeypatch.setattr(netem.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(host.shutil, "which", lambda tool: None)
     with pytest.raises(RuntimeError, match="iproute2"):
         EmulatedNetwork(2, "1gbit")
 
@@ -484,7 +484,7 @@ def test_two_instances_do_not_collide(net_factory):
 def test_cleanup_leftovers_after_sigkill():
     code = (
         "import sys, time\n"
-        "from commgym.env.netem import EmulatedNetwork\n"
+        "from commgym.env.net import EmulatedNetwork\n"
         "net = EmulatedNetwork(2, '1gbit')\n"
         "print(net.name, flush=True)\n"
         "time.sleep(60)\n"

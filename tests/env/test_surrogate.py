@@ -86,6 +86,20 @@ def test_alpha_beta_formulas_and_fit():
         AlphaBeta.fit([("broadcast", 2, 1.0, 1.0)])
 
 
+def test_prior_uses_the_collective_each_compressor_declares(model):
+    # int8 payloads are all-gathered and random-k payloads all-reduced, whatever the spec
+    # string looks like: the prior follows Compressor.summable from the registry
+    menu = ActionMenu(compression=("none", "int8", "randomk:0.01", "topk:0.01"))
+    m = SurrogateModel(menu, alpha_beta=TRUE_AB)
+    m.world_size, m.compute_s = 4, 1e-3
+    m.bytes_table = np.full(menu.size, 1e5)
+    nvec = tuple(int(n) for n in menu.nvec)
+    for c, gathered in enumerate((False, True, False, True)):
+        flat = np.ravel_multi_index((c, 0, 0), nvec)
+        comm = TRUE_AB.allgather_s(1e5 * 4, 4) if gathered else TRUE_AB.allreduce_s(1e5, 4)
+        assert m._prior_s(np.array([flat]))[0] == pytest.approx(1e-3 + comm), menu.compression[c]
+
+
 def test_fit_predicts_held_out_synthetic(model):
     mape = step_time_mape(model, synthetic_transitions(200, 1))
     print(f"synthetic held-out step-time MAPE {mape:.1f}%")
@@ -162,6 +176,7 @@ def test_menu_mismatch_raises(model):
         )
 
 
+@pytest.mark.expensive
 def test_throughput_over_10k_steps_per_second(model):
     env = SurrogateEnv(model, time_budget_s=6.0)
     rate = benchmark_steps(env, 20000)
@@ -221,6 +236,12 @@ SCENARIO = {
 }  # fmt: skip
 
 
+# Collecting 600 real decisions and fitting takes 2-3 min on an idle 2-core machine and
+# several times that next to other CPU-heavy jobs: whichever test first needs the real
+# fixtures gets a longer timeout.
+REAL_DATA_TIMEOUT = pytest.mark.timeout(1800)
+
+
 @pytest.fixture(scope="module")
 def real_env():
     env = gym.make("commgym/AllReduce-v0", **SCENARIO)
@@ -260,22 +281,50 @@ def _real_mape(real_datasets, real_model) -> tuple[float, float]:
     return mape, floor
 
 
+@REAL_DATA_TIMEOUT
+def test_real_fit_reproduces_recorded_bytes_and_predicts_positive_times(real_datasets, real_model):
+    # machine-independent facts of a fit on real decisions: byte counts per configuration
+    # are deterministic, so the model's table equals every held-out record of a
+    # configuration it has seen; step-time predictions are finite and positive
+    _, a, b = real_datasets
+    model = real_model[0]
+    nvec = tuple(int(n) for n in MENU.nvec)
+
+    def flat(df):
+        return np.ravel_multi_index(
+            df[["a_compression", "a_bucket", "a_period"]].to_numpy().T, nvec
+        )
+
+    seen = set(flat(a).tolist())
+    held = flat(b)
+    mask = np.isin(held, list(seen))
+    assert mask.sum() >= 0.5 * len(b), "held-out set shares few configurations with the fit set"
+    np.testing.assert_allclose(
+        model.bytes_table[held[mask]], b["bytes_per_step"].to_numpy(float)[mask], rtol=1e-9
+    )
+    pred = model.predict_step_time(b)
+    assert np.all(np.isfinite(pred)) and np.all(pred > 0)
+    assert np.isfinite(step_time_mape(model, b)) and np.isfinite(step_time_noise_floor(b))
+
+
+@pytest.mark.expensive
 def test_real_held_out_mape_near_noise_floor(real_datasets, real_model):
     # the floor is what an oracle knowing the held-out set's own per-configuration step-time
     # distributions scores (9-19 % measured on this shared 2-core VM); the rest of the error
     # is the machine's speed drifting between the two collections (medians move 10-20 %
     # from minute to minute), which a model of the configuration cannot know: measured
-    # excess 5-9 points
+    # excess 5-9 points on an otherwise idle machine, 15 next to another CPU-heavy job
     mape, floor = _real_mape(real_datasets, real_model)
     assert mape <= floor + 12.0
 
 
 @pytest.mark.expensive
 def test_real_held_out_mape_target(real_datasets, real_model):
-    # the issue's target (<= 15 %); below the measurement noise of many held-out sets here
+    # the accuracy target (<= 15 %); below the measurement noise of many held-out sets here
     assert _real_mape(real_datasets, real_model)[0] <= 15.0
 
 
+@REAL_DATA_TIMEOUT
 def test_surrogate_dynamics_track_real_static_runs(real_model):
     """Static configurations reach the target on the surrogate, in a plausible time.
 
@@ -308,16 +357,46 @@ def test_surrogate_dynamics_track_real_static_runs(real_model):
     assert len(stalled) <= 0.2 * MENU.size, stalled
 
 
-def test_ppo_on_surrogate_beats_random_on_real(real_env, real_model):
-    """PPO learns only on the surrogate, then runs on real ranks against ``random``."""
+def _ppo_on_surrogate(real_model):
     from commgym.agents import make_agent
-    from commgym.experiments.train import run_episode
 
     _, path = real_model
     sim = gym.make("commgym/Surrogate-v0", model_path=str(path), **SCENARIO)
     t0 = time.perf_counter()
     ppo = make_agent("ppo", sim, seed=0, n_steps=256, batch_size=64, n_epochs=4).learn(20000)
-    learn_s = time.perf_counter() - t0
+    return sim, ppo, time.perf_counter() - t0
+
+
+@REAL_DATA_TIMEOUT
+def test_ppo_learned_on_surrogate_runs_on_real(real_env, real_model):
+    """PPO learns only on the surrogate, beats ``random`` there, then runs on real ranks.
+
+    The surrogate is a seeded simulator, so the comparison on it does not depend on the
+    machine's speed; on real ranks only the episode's contract is checked here (the
+    return comparison is ``test_ppo_on_surrogate_beats_random_on_real``, expensive).
+    """
+    from commgym.agents import make_agent
+    from commgym.experiments.train import run_episode
+
+    sim, ppo, _ = _ppo_on_surrogate(real_model)
+    rnd = make_agent("random", sim, seed=0)
+    seeds = range(1000, 1008)
+    sim_ret = {
+        name: np.mean([run_episode(sim, agent, s, name, None).episode_return for s in seeds])
+        for name, agent in (("ppo", ppo), ("random", rnd))
+    }
+    assert sim_ret["ppo"] > sim_ret["random"], sim_ret
+    ep = run_episode(real_env, ppo, 1000, "ppo", SCENARIO["target_loss"])
+    assert np.isfinite(ep.episode_return) and ep.decisions >= 1
+
+
+@pytest.mark.expensive
+def test_ppo_on_surrogate_beats_random_on_real(real_env, real_model):
+    """PPO learns only on the surrogate, then runs on real ranks against ``random``."""
+    from commgym.agents import make_agent
+    from commgym.experiments.train import run_episode
+
+    sim, ppo, learn_s = _ppo_on_surrogate(real_model)
     rnd = make_agent("random", real_env, seed=0)
     seeds = range(1000, 1004)
     res = {

@@ -1,0 +1,588 @@
+"""What one decision measured: the typed record, its recorder, the cross-rank aggregate.
+
+Every producer of decisions speaks this contract: the env's worker ranks
+(:mod:`commgym.env.worker`), the in-training replay
+(:class:`~commgym.agents.replay.CommScheduler`) and the learned surrogate
+(:class:`~commgym.env.surrogate.SurrogateEnv`). Each rank fills a
+:class:`RankMeasurement` with a :class:`DecisionRecorder` inside its timed loop; the
+records of all ranks become one :class:`DecisionMeasurement`
+(:meth:`DecisionMeasurement.from_ranks`), which the observation builder
+(:class:`~commgym.env.spaces.ObservationBuilder`) reads by field name and which travels
+in ``info["measured"]`` (as :meth:`DecisionMeasurement.to_dict`) to the transition
+recorder, callbacks and logs. A new measured quantity is one new field here.
+
+Units: times in seconds of wall clock, bytes as counted by the synchronizer (payloads
+handed to collectives by one rank), losses in nats.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from gymnasium import spaces
+
+if TYPE_CHECKING:
+    from commgym.env.spaces import ActionMenu
+
+__all__ = [
+    "DECISION_FIELDS",
+    "OBSERVATION_FIELDS",
+    "RANK_FIELDS",
+    "DecisionMeasurement",
+    "DecisionRecorder",
+    "ObservationBuilder",
+    "ObservationField",
+    "RankMeasurement",
+    "combine_eval",
+    "decision_info",
+    "effective_bandwidth_gbps",
+]
+
+
+@dataclass
+class RankMeasurement:
+    """One rank's measurements of one decision (``steps`` training iterations).
+
+    Attributes:
+        train_time_s: wall time of the iterations plus the decision's consensus averaging
+            and reconfiguration (training time a real job would pay).
+        step_time_s: median wall time of one iteration.
+        steps: iterations run.
+        compute_s: mean forward+backward time per iteration (``StepStats.compute_s``).
+        comm_wait_s: mean time per iteration waiting on collectives after backward.
+        compress_s: mean time per iteration spent compressing and decompressing.
+        comm_s: total time waiting on communication (iterations plus consensus).
+        bytes_per_step: ``bytes_total / steps``.
+        bytes_total: bytes this rank handed to collectives (gradients, averaging,
+            consensus).
+        train_loss: mean training loss over the iterations (nats; NaN when not given).
+        eval_loss: held-out loss on this rank's share (nats).
+        eval_acc: held-out accuracy on this rank's share (NaN when not measured).
+        eval_n: held-out samples this rank evaluated.
+        eval_s: wall time of the evaluation (not training time).
+        grad_norm: L2 norm of the aggregated gradient at the last iteration.
+        compression_error: ``||g - g_hat|| / ||g||`` at the last iteration (None when not
+            measured).
+        nonfinite: a gradient, loss or held-out loss was NaN/inf.
+        samples: training samples this rank consumed.
+        bucket_bytes: per-bucket bytes of the last iteration (identical on every rank).
+    """
+
+    train_time_s: float
+    step_time_s: float
+    steps: int
+    compute_s: float
+    comm_wait_s: float
+    compress_s: float
+    comm_s: float
+    bytes_per_step: float
+    bytes_total: float
+    train_loss: float
+    eval_loss: float
+    eval_acc: float
+    eval_n: int
+    eval_s: float
+    grad_norm: float
+    compression_error: float | None
+    nonfinite: bool
+    samples: int
+    bucket_bytes: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python copy (picklable, JSON-able)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RankMeasurement:
+        """Reads the fields by name from ``d`` (other keys are ignored)."""
+        return cls(**{k: d[k] for k in RANK_FIELDS if k in d})
+
+    def to_row(self) -> list[float]:
+        """The scalar fields (all but ``bucket_bytes``) as floats, ``None`` as NaN."""
+        return [math.nan if v is None else float(v) for v in (getattr(self, k) for k in _SCALARS)]
+
+    @classmethod
+    def from_row(cls, row: Sequence[float], bucket_bytes: Sequence[int]) -> RankMeasurement:
+        """Inverse of :meth:`to_row` (NaN counts become 0, a NaN error becomes None)."""
+        d: dict[str, Any] = {}
+        for k, v in zip(_SCALARS, row, strict=True):
+            if k in _INTS:
+                d[k] = int(v) if math.isfinite(v) else 0
+            elif k == "nonfinite":
+                d[k] = bool(v) if math.isfinite(v) else False
+            elif k == "compression_error":
+                d[k] = None if math.isnan(v) else float(v)
+            else:
+                d[k] = float(v)
+        return cls(**d, bucket_bytes=list(bucket_bytes))
+
+
+#: Field names of :class:`RankMeasurement`, in order.
+RANK_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RankMeasurement))
+_SCALARS = tuple(k for k in RANK_FIELDS if k != "bucket_bytes")
+_INTS = frozenset({"steps", "eval_n", "samples"})
+
+
+class DecisionRecorder:
+    """Fills one rank's :class:`RankMeasurement` from inside its timed training loop.
+
+    Call :meth:`record_step` once per iteration with the iteration's wall time (training
+    time only: commgym's own instrumentation excluded), its loss and the synchronizer's
+    statistics, then :meth:`finish` at the decision boundary. Losses are kept as tensors
+    (no device sync inside the loop) and reduced once in :meth:`finish`.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Starts a new decision window."""
+        self.walls: list[float] = []
+        self.losses: list[Any] = []
+        self.stats: list[Any] = []
+        self.extra_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.walls)
+
+    def record_step(self, wall_s: float, loss: Any, stats: Any, extra_bytes: int = 0) -> None:
+        """Adds one iteration.
+
+        Args:
+            wall_s: the iteration's training wall time, seconds.
+            loss: its training loss (a detached tensor or a float), or None.
+            stats: its :class:`~commgym.collectives.StepStats`.
+            extra_bytes: bytes sent outside the gradient synchronization (e.g. local-SGD
+                averaging after the optimizer step).
+        """
+        self.walls.append(wall_s)
+        if loss is not None:
+            self.losses.append(loss)
+        self.stats.append(stats)
+        self.extra_bytes += int(extra_bytes)
+
+    def train_loss(self) -> float:
+        """Mean recorded training loss (NaN when none was recorded)."""
+        if not self.losses:
+            return math.nan
+        import torch
+
+        return float(torch.stack([torch.as_tensor(x).float() for x in self.losses]).mean())
+
+    def finish(
+        self,
+        *,
+        overhead_s: float,
+        consensus_comm_s: float,
+        consensus_bytes: int,
+        eval_loss: float,
+        eval_acc: float,
+        eval_n: int,
+        eval_s: float,
+        samples: int,
+        train_loss: float | None = None,
+        check_eval: bool = True,
+    ) -> RankMeasurement:
+        """The window's record.
+
+        Args:
+            overhead_s: training time outside the iterations (consensus averaging,
+                reconfiguration), added to ``train_time_s``.
+            consensus_comm_s: communication time of the decision's consensus averaging.
+            consensus_bytes: bytes of that averaging.
+            eval_loss: held-out loss (nats) on this rank's share.
+            eval_acc: held-out accuracy (NaN when not measured).
+            eval_n: held-out samples evaluated.
+            eval_s: wall time of the evaluation.
+            samples: training samples consumed in the window.
+            train_loss: the window's training loss when already reduced
+                (default: :meth:`train_loss`).
+            check_eval: a non-finite ``eval_loss`` marks the record ``nonfinite``.
+        """
+        stats, walls = self.stats, self.walls
+        steps = len(walls)
+        if train_loss is None:
+            train_loss = self.train_loss()
+        nonfinite = (
+            any(s.nonfinite for s in stats)
+            or (bool(self.losses) and not math.isfinite(train_loss))
+            or (check_eval and not math.isfinite(eval_loss))
+        )
+        last = stats[-1] if stats else None
+        total_bytes = sum(s.bytes_sent for s in stats) + self.extra_bytes + consensus_bytes
+        return RankMeasurement(
+            train_time_s=sum(walls) + overhead_s,
+            step_time_s=statistics.median(walls) if walls else 0.0,
+            steps=steps,
+            compute_s=_mean([s.compute_s for s in stats]),
+            comm_wait_s=_mean([s.comm_wait_s for s in stats]),
+            compress_s=_mean([s.compress_s for s in stats]),
+            comm_s=sum(s.comm_wait_s for s in stats) + consensus_comm_s,
+            bytes_per_step=total_bytes / max(steps, 1),
+            bytes_total=total_bytes,
+            train_loss=train_loss,
+            eval_loss=eval_loss,
+            eval_acc=eval_acc,
+            eval_n=eval_n,
+            eval_s=eval_s,
+            grad_norm=last.grad_norm if last else 0.0,
+            compression_error=last.compression_error if last else None,
+            nonfinite=nonfinite,
+            samples=samples,
+            bucket_bytes=list(last.bucket_bytes) if last else [],
+        )
+
+
+@dataclass(frozen=True)
+class ObservationField:
+    """One entry of the observation vector."""
+
+    name: str
+    unit: str
+    low: float
+    high: float
+    description: str
+
+
+#: The observation layout (index = position in the vector). Changing it bumps the env version.
+OBSERVATION_FIELDS: tuple[ObservationField, ...] = (
+    ObservationField(
+        "step_time_s", "s", 0.0, 1e3, "median wall time of one training iteration (slowest rank)"
+    ),
+    ObservationField("comm_wait_frac", "1", 0.0, 1.0, "mean comm-wait time / mean iteration time"),
+    ObservationField("compress_s", "s", 0.0, 1e3, "mean compress+decompress time per iteration"),
+    ObservationField(
+        "log10_bytes_per_step",
+        "log10 B",
+        0.0,
+        15.0,
+        "log10(1 + bytes handed to collectives per iteration)",
+    ),
+    ObservationField(
+        "bandwidth_gbps",
+        "Gbit/s",
+        0.0,
+        1e4,
+        "effective: bytes sent * 8 / time the step waited on communication "
+        "(not the link rate; see effective_bandwidth_gbps)",
+    ),
+    ObservationField(
+        "train_loss", "nats", 0.0, 1e4, "mean training loss over the decision (all ranks)"
+    ),
+    ObservationField("eval_loss", "nats", 0.0, 1e4, "held-out loss of the consensus model"),
+    ObservationField(
+        "loss_change", "log ratio", -20.0, 20.0, "log(eval_loss_prev) - log(eval_loss)"
+    ),
+    ObservationField(
+        "log10_grad_norm", "log10", -20.0, 20.0, "log10 of the aggregated gradient norm"
+    ),
+    ObservationField("grad_norm_rel_change", "1", -10.0, 10.0, "(g - g_prev) / g_prev"),
+    ObservationField(
+        "compression_error", "1", 0.0, 10.0, "||g - g_hat|| / ||g|| of the aggregated gradient"
+    ),
+    ObservationField("compression_index", "1", 0.0, 1.0, "current compression index / (n - 1)"),
+    ObservationField("bucket_index", "1", 0.0, 1.0, "current bucket index / (n - 1)"),
+    ObservationField("period_index", "1", 0.0, 1.0, "current sync-period index / (n - 1)"),
+    ObservationField("elapsed_frac", "1", 0.0, 1.0, "training wall time used / time_budget_s"),
+    ObservationField("world_size", "ranks", 1.0, 1e5, "number of ranks"),
+    ObservationField(
+        "log10_num_params", "log10", 0.0, 15.0, "log10 of the model's parameter count"
+    ),
+)
+
+
+def effective_bandwidth_gbps(bytes_total: float, comm_s: float) -> float:
+    """Effective bandwidth of one decision, Gbit/s: ``bytes_total * 8 / comm_s / 1e9``.
+
+    The rate at which communication *appears* to run from the training step's point of
+    view: bytes handed to collectives per second the ranks were blocked on them
+    (``comm_s``: comm-wait after backward summed over the decision's iterations, plus the
+    consensus average). It is what decides whether compressing pays, and it is **not**
+    the link rate: transfer time hidden behind backward and, on an emulated link, bytes
+    that pass in the token bucket's burst while the bucket refilled during compute do
+    not count as waiting, so it can exceed the configured rate (on a busy machine more
+    so, as slower compute refills the bucket further). It is never below
+    ``bytes_total * 8 / train_time_s``, the decision's own average throughput. The link
+    rate is ``info["network"]``.
+
+    Args:
+        bytes_total: bytes handed to collectives in the decision (one rank).
+        comm_s: seconds blocked on communication in the decision (mean over ranks).
+
+    Returns:
+        Gbit/s; 0.0 when nothing was waited on (``comm_s <= 0``).
+    """
+    return float(bytes_total) * 8 / float(comm_s) / 1e9 if comm_s > 0 else 0.0
+
+
+class ObservationBuilder:
+    """Builds float32 observations from measurements (shared by env, surrogate and replay).
+
+    Non-finite or out-of-range measurements never leak: NaN becomes 0 and everything is
+    clipped to the field's bounds (the raw values stay in ``info``).
+
+    Args:
+        menu: the action menu (gives the action-index normalisation).
+        world_size: number of ranks.
+        num_params: model parameter count.
+    """
+
+    def __init__(self, menu: ActionMenu, world_size: int, num_params: int) -> None:
+        self.menu = menu
+        self.world_size = world_size
+        self.num_params = num_params
+        self.low = np.array([f.low for f in OBSERVATION_FIELDS], dtype=np.float32)
+        self.high = np.array([f.high for f in OBSERVATION_FIELDS], dtype=np.float32)
+        self.space = spaces.Box(self.low, self.high, dtype=np.float32)
+        self.prev_eval_loss = float("nan")
+        self.prev_grad_norm = float("nan")
+
+    def _action_part(self, action: np.ndarray) -> dict[str, float]:
+        nvec = self.menu.nvec
+        return {
+            name: float(a) / max(int(n) - 1, 1)
+            for name, a, n in zip(_ACTION_FIELDS, action, nvec, strict=True)
+        }
+
+    def _finish(self, values: dict[str, float]) -> np.ndarray:
+        assert len(values) == len(_FIELD_NAMES), sorted(set(values) ^ set(_FIELD_NAMES))
+        v = np.array([values[name] for name in _FIELD_NAMES], dtype=np.float64)
+        v[~np.isfinite(v)] = 0.0
+        return np.clip(v, self.low, self.high).astype(np.float32)
+
+    def _static(self) -> dict[str, float]:
+        return {
+            "world_size": float(self.world_size),
+            "log10_num_params": math.log10(max(self.num_params, 1)),
+        }
+
+    def reset(self, eval_loss: float, action: np.ndarray) -> np.ndarray:
+        """Observation at episode start: no timings, only deterministic quantities."""
+        self.prev_eval_loss = eval_loss
+        self.prev_grad_norm = float("nan")
+        values = dict.fromkeys(_FIELD_NAMES, 0.0)
+        values.update(train_loss=eval_loss, eval_loss=eval_loss)
+        values.update(self._action_part(action))
+        values.update(self._static())
+        return self._finish(values)
+
+    def build(
+        self,
+        m: DecisionMeasurement | Mapping[str, Any],
+        action: np.ndarray,
+        elapsed_frac: float,
+    ) -> np.ndarray:
+        """Observation after a decision.
+
+        Args:
+            m: the decision's :class:`DecisionMeasurement` (or its ``to_dict()``).
+            action: the menu indices that were applied.
+            elapsed_frac: training time used / budget.
+        """
+        if isinstance(m, Mapping):
+            m = _DictView(m)
+        step = float(m.step_time_s)
+        iter_mean = float(m.iter_mean_s) or step
+        wait = float(m.comm_wait_s)
+        comm_s = float(m.comm_s)
+        eval_loss = float(m.eval_loss)
+        prev = self.prev_eval_loss
+        g = float(m.grad_norm)
+        err = m.compression_error
+        values = {
+            "step_time_s": step,
+            "comm_wait_frac": wait / iter_mean if iter_mean > 0 else 0.0,
+            "compress_s": float(m.compress_s),
+            "log10_bytes_per_step": math.log10(1.0 + float(m.bytes_per_step)),
+            "bandwidth_gbps": effective_bandwidth_gbps(m.bytes_total, comm_s),
+            "train_loss": float(m.train_loss),
+            "eval_loss": eval_loss,
+            "loss_change": (
+                math.log(max(prev, 1e-8)) - math.log(max(eval_loss, 1e-8))
+                if math.isfinite(prev) and math.isfinite(eval_loss)
+                else 0.0
+            ),
+            "log10_grad_norm": math.log10(g) if g > 0 and math.isfinite(g) else 0.0,
+            "grad_norm_rel_change": (
+                (g - self.prev_grad_norm) / self.prev_grad_norm
+                if self.prev_grad_norm > 0 and math.isfinite(g)
+                else 0.0
+            ),
+            "compression_error": 0.0 if err is None else float(err),
+            "elapsed_frac": elapsed_frac,
+            **self._action_part(action),
+            **self._static(),
+        }
+        self.prev_eval_loss = eval_loss if math.isfinite(eval_loss) else prev
+        self.prev_grad_norm = g if math.isfinite(g) else self.prev_grad_norm
+        return self._finish(values)
+
+
+_FIELD_NAMES = tuple(f.name for f in OBSERVATION_FIELDS)
+_ACTION_FIELDS = ("compression_index", "bucket_index", "period_index")
+
+
+class _DictView:
+    """Attribute access to a measurement mapping (``iter_mean_s`` and the error optional)."""
+
+    def __init__(self, d: Mapping[str, Any]) -> None:
+        self._d = d
+
+    def __getattr__(self, key: str) -> Any:
+        d = self._d
+        if key == "iter_mean_s":
+            return d.get("iter_mean_s", d["step_time_s"])
+        if key == "compression_error":
+            return d.get("compression_error")
+        return d[key]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _get(r: Any, key: str) -> Any:
+    return r[key] if isinstance(r, Mapping) else getattr(r, key)
+
+
+def combine_eval(per_rank: Sequence[Any]) -> tuple[float, float]:
+    """Held-out loss and accuracy over all ranks' shares, weighted by ``eval_n``.
+
+    Args:
+        per_rank: one record per rank (:class:`RankMeasurement` or a mapping) with
+            ``eval_loss``, ``eval_acc`` and ``eval_n``.
+
+    Returns:
+        ``(loss, accuracy)``; ``(nan, nan)`` when no rank evaluated any sample.
+    """
+    n = sum(int(_get(r, "eval_n")) for r in per_rank)
+    if n == 0:
+        return float("nan"), float("nan")
+    loss = sum(float(_get(r, "eval_loss")) * int(_get(r, "eval_n")) for r in per_rank) / n
+    acc = sum(float(_get(r, "eval_acc")) * int(_get(r, "eval_n")) for r in per_rank) / n
+    return loss, acc
+
+
+@dataclass
+class DecisionMeasurement:
+    """What one decision measured, over all ranks (the observation's and reward's input).
+
+    Times of the slowest rank, means of per-rank timings and training losses, rank 0's
+    byte counts and gradient statistics (identical on every rank after synchronisation),
+    held-out loss and accuracy weighted by each rank's evaluated samples. Units as in
+    :class:`RankMeasurement`; ``iter_mean_s`` is the slowest rank's mean iteration time
+    (``train_time_s / steps``) and ``samples`` the sum over ranks.
+    """
+
+    train_time_s: float
+    step_time_s: float
+    iter_mean_s: float
+    compute_s: float
+    comm_wait_s: float
+    compress_s: float
+    comm_s: float
+    bytes_per_step: float
+    bytes_total: float
+    train_loss: float
+    eval_loss: float
+    eval_acc: float
+    eval_s: float
+    grad_norm: float
+    compression_error: float | None
+    nonfinite: bool
+    samples: int
+    steps: int
+    bucket_bytes: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_ranks(cls, per_rank: Sequence[RankMeasurement | Mapping[str, Any]]):
+        """Combines the per-rank records of one decision (rank order).
+
+        Raises:
+            ValueError: ``per_rank`` is empty.
+        """
+        if not per_rank:
+            raise ValueError("DecisionMeasurement.from_ranks needs at least one rank's record")
+        ranks = [
+            r if isinstance(r, RankMeasurement) else RankMeasurement.from_dict(r) for r in per_rank
+        ]
+        r0, n = ranks[0], len(ranks)
+        eval_loss, eval_acc = combine_eval(ranks)
+        err = r0.compression_error
+        return cls(
+            train_time_s=max(float(r.train_time_s) for r in ranks),
+            step_time_s=max(float(r.step_time_s) for r in ranks),
+            iter_mean_s=max(float(r.train_time_s) / max(int(r.steps), 1) for r in ranks),
+            compute_s=sum(float(r.compute_s) for r in ranks) / n,
+            comm_wait_s=sum(float(r.comm_wait_s) for r in ranks) / n,
+            compress_s=sum(float(r.compress_s) for r in ranks) / n,
+            comm_s=sum(float(r.comm_s) for r in ranks) / n,
+            bytes_per_step=float(r0.bytes_per_step),
+            bytes_total=float(r0.bytes_total),
+            train_loss=sum(float(r.train_loss) for r in ranks) / n,
+            eval_loss=eval_loss,
+            eval_acc=eval_acc,
+            eval_s=max(float(r.eval_s) for r in ranks),
+            grad_norm=float(r0.grad_norm),
+            compression_error=None if err is None else float(err),
+            nonfinite=any(bool(r.nonfinite) for r in ranks),
+            samples=sum(int(r.samples) for r in ranks),
+            steps=int(r0.steps),
+            bucket_bytes=list(r0.bucket_bytes),
+        )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DecisionMeasurement:
+        """Reads the fields by name from ``d`` (other keys are ignored)."""
+        return cls(**{k: d[k] for k in DECISION_FIELDS if k in d})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python copy: what ``info["measured"]`` holds."""
+        d = self.__dict__.copy()
+        d["bucket_bytes"] = list(self.bucket_bytes)
+        return d
+
+
+#: Field names of :class:`DecisionMeasurement`, in order (the transition recorder's
+#: measured columns are these, less ``bucket_bytes``).
+DECISION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(DecisionMeasurement))
+
+
+def decision_info(
+    *,
+    config: str,
+    action: dict[str, Any],
+    measured: Mapping[str, Any],
+    reason: str | None,
+    train_time_s: float,
+    elapsed_frac: float,
+    decision: int,
+    diverged: bool,
+) -> dict[str, Any]:
+    """The ``info`` of a decision step, as both environments return it.
+
+    Args:
+        config: the applied configuration as a string (``CommConfig.__str__``).
+        action: the applied configuration as a dict (``CommConfig.to_dict``).
+        measured: :meth:`DecisionMeasurement.to_dict` (plus env-specific timings).
+        reason: why the episode ended (``None`` while it goes on).
+        train_time_s: training time so far in the episode.
+        elapsed_frac: ``train_time_s / time_budget_s`` capped at 1.
+        decision: decisions so far in the episode (1 for the first).
+        diverged: the decision produced non-finite values.
+    """
+    return {
+        "config": config,
+        "action": action,
+        "measured": measured,
+        "reason": reason,
+        "train_time_s": train_time_s,
+        "elapsed_frac": elapsed_frac,
+        "decision": decision,
+        "diverged": diverged,
+    }

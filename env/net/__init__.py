@@ -1,0 +1,74 @@
+"""Network emulation for emulated multi-node clusters: namespaces, a bridge and tc shaping.
+
+An :class:`EmulatedNetwork` builds a star topology on one Linux host::
+
+            root namespace
+      ┌──────── bridge <prefix><id>-br (10.a.b.1/24) ────────┐
+      │ <prefix><id>-v0                    <prefix><id>-v1   │   <- bridge-side veths
+      │                                                      │
+      │ <prefix><id>-p0                    <prefix><id>-p1   │   <- namespace-side veths
+    netns <prefix><id>-r0 (10.a.b.2)    netns <prefix><id>-r1 (10.a.b.3)  ...
+
+Every rank's veth is shaped in **both directions** (the namespace-side egress carries
+rank -> switch, the bridge-side egress carries switch -> rank), like a full-duplex NIC
+plugged into a non-blocking switch. A :class:`NetworkSpec` describes the *end-to-end*
+path between two ranks, so each of the two hops a rank-to-rank packet crosses gets half
+of it:
+
+* rate: every hop is shaped to ``rate_bit_s`` (a rank's uplink is shared by all its
+  peers, as on a real NIC);
+* delay / jitter: each hop gets ``delay_s / 2`` and ``jitter_s / 2``, so the one-way
+  rank-to-rank latency is ``delay_s`` and the ping RTT between ranks is ``2 * delay_s``
+  (traffic between a rank and the bridge address crosses one hop only: half of that);
+* loss: each hop drops with ``1 - sqrt(1 - loss_frac)`` so the end-to-end loss is
+  ``loss_frac``.
+
+Shaping backends (chosen by probing the kernel once per process):
+
+* ``"netem"`` (kernels with ``CONFIG_NET_SCH_NETEM``): ``root handle 1: netem delay D J
+  loss L limit N`` with a child ``parent 1:1 handle 10: tbf rate R burst B latency 10ms``.
+  netem's own ``rate`` option is not used: tbf is the well-understood token bucket and
+  it segments GSO super-packets, which keeps 1 Gbit/s+ reachable on veths.
+* ``"tbf"`` (kernels without sch_netem, e.g. minimal VM kernels): ``root handle 1: tbf``
+  only. Delay, jitter and loss cannot be emulated in-kernel without netem, so a spec
+  asking for them raises :class:`RuntimeError` unless the network was created with
+  ``strict=False`` (then they are ignored with a warning and
+  :attr:`EmulatedNetwork.effective_spec` shows what is really applied).
+
+tbf burst sizing: ``burst = max(rate_bytes / HZ, 128 KiB, 10 * MTU)`` with HZ taken as
+250 (the common ``CONFIG_HZ``; tbf uses high-resolution timers on current kernels, so
+this is a conservative lower bound). The 128 KiB floor keeps a 64 KiB GSO super-packet
+(and its successor) in one token refill, so tbf does not segment every packet in
+software; over a 1 s measurement the burst contributes < 1 % rate error at 100 Mbit/s.
+The tbf queue holds 10 ms at the configured rate (``latency 10ms``).
+
+Naming (the pattern :func:`cleanup_leftovers` matches; all names are <= 15 characters):
+``<prefix><id>-br`` (bridge), ``<prefix><id>-v<k>`` / ``<prefix><id>-p<k>`` (veths) and
+``<prefix><id>-r<k>`` (namespaces), where ``<prefix>`` is 1-3 lowercase letters/digits
+starting with a letter (default ``"cg"``), ``<id>`` is 6 lowercase hex digits and ``<k>``
+is the rank. Probe namespaces are ``cg<id>-probe<pid>``. Every instance writes an owner
+record ``/run/commgym-netem/<prefix><id>.json`` (pid and process start time) *before*
+creating anything, so leftovers of dead processes can be told from live instances.
+
+Requirements: root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), iproute2 (``ip``, ``tc``), kernel
+support for network namespaces, veth, bridge and tbf. :func:`netem_available` reports
+whether the emulator can run here and :func:`delay_available` whether delay/jitter/loss
+can be emulated.
+"""
+
+from commgym.env.net.emulated import EmulatedNetwork
+from commgym.env.net.host import delay_available, netem_available, tbf_burst_bytes
+from commgym.env.net.records import cleanup_leftovers
+from commgym.env.net.spec import PROFILES, NetworkSchedule, NetworkSpec, choose_profile
+
+__all__ = [
+    "PROFILES",
+    "EmulatedNetwork",
+    "NetworkSchedule",
+    "NetworkSpec",
+    "choose_profile",
+    "cleanup_leftovers",
+    "delay_available",
+    "netem_available",
+    "tbf_burst_bytes",
+]

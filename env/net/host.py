@@ -1,0 +1,190 @@
+"""Host checks for network emulation: privileges, iproute2, and which qdiscs the kernel has."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import secrets
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+# --------------------------------------------------------------------------- host checks
+
+_STATE_DIR = Path("/run/commgym-netem")
+_PREFIX_RE = re.compile(r"[a-z][a-z0-9]{0,2}")
+_CAP_NET_ADMIN = 12
+_CAP_SYS_ADMIN = 21
+_CMD_TIMEOUT_S = 15.0
+_HZ = 250
+
+
+def tbf_burst_bytes(rate_bit_s: float, mtu: int = 1500) -> int:
+    """Token-bucket depth of each shaped link, bytes (see the package docstring).
+
+    A transfer shorter than this passes at the sender's own speed once the bucket has
+    refilled (``burst * 8 / rate`` seconds idle), which is why a per-decision bandwidth
+    can read above the configured rate; over a window of ``t`` seconds a link carries at
+    most ``rate * t / 8 + burst`` bytes.
+    """
+    return int(max(rate_bit_s / 8 / _HZ, 128 * 1024, 10 * mtu))
+
+
+def _effective_caps() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return -1 if os.geteuid() == 0 else 0
+
+
+def _check_privileges() -> str | None:
+    caps = _effective_caps()
+    missing = [
+        name
+        for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
+        if caps != -1 and not caps & (1 << bit)
+    ]
+    if missing:
+        return (
+            "network emulation needs root (or " + " + ".join(missing) + ") to create "
+            "network namespaces, veths, a bridge and tc qdiscs; run as root or grant the "
+            "capabilities"
+        )
+    return None
+
+
+def _check_tools() -> str | None:
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        return (
+            "network emulation needs iproute2; not found on PATH: "
+            + ", ".join(missing)
+            + " (install the 'iproute2' package)"
+        )
+    return None
+
+
+def _run(
+    args: Sequence[str], *, check: bool = True, timeout: float = _CMD_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run(
+            list(args), capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{' '.join(args)!r} timed out after {timeout} s") from None
+    if check and proc.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(args)!r} failed (exit {proc.returncode}): {proc.stderr.strip()}"
+        )
+    return proc
+
+
+@dataclasses.dataclass(frozen=True)
+class _Features:
+    ok: bool
+    reason: str
+    netem: bool = False
+    netem_reason: str = ""
+
+
+@functools.cache
+def _probe() -> _Features:
+    problem = _check_tools() or _check_privileges()
+    if problem:
+        return _Features(False, problem, False, problem)
+    ns = f"cg{secrets.token_hex(3)}-probe{os.getpid()}"
+    try:
+        proc = _run(["ip", "netns", "add", ns], check=False)
+        if proc.returncode != 0:
+            msg = f"cannot create a network namespace: {proc.stderr.strip()}"
+            return _Features(False, msg, False, msg)
+        proc = _run(
+            ["ip", "-n", ns, "link", "add", "name", "pa", "type", "veth", "peer", "name", "pb"],
+            check=False,
+        )
+        if proc.returncode != 0:
+            msg = f"cannot create a veth pair (CONFIG_VETH?): {proc.stderr.strip()}"
+            return _Features(False, msg, False, msg)
+        proc = _run(["ip", "-n", ns, "link", "add", "name", "pbr", "type", "bridge"], check=False)
+        if proc.returncode != 0:
+            msg = f"cannot create a bridge (CONFIG_BRIDGE?): {proc.stderr.strip()}"
+            return _Features(False, msg, False, msg)
+        tbf = [
+            "tc",
+            "-n",
+            ns,
+            "qdisc",
+            "add",
+            "dev",
+            "pa",
+            "root",
+            "handle",
+            "1:",
+            "tbf",
+            "rate",
+            "1mbit",
+            "burst",
+            "32kb",
+            "latency",
+            "10ms",
+        ]
+        proc = _run(tbf, check=False)
+        if proc.returncode != 0:
+            msg = f"kernel lacks the tbf qdisc (CONFIG_NET_SCH_TBF): {proc.stderr.strip()}"
+            return _Features(False, msg, False, msg)
+        netem = [
+            "tc",
+            "-n",
+            ns,
+            "qdisc",
+            "add",
+            "dev",
+            "pb",
+            "root",
+            "handle",
+            "1:",
+            "netem",
+            "delay",
+            "1ms",
+        ]
+        proc = _run(netem, check=False)
+        if proc.returncode == 0:
+            return _Features(True, "ok: rate, delay, jitter and loss (netem + tbf)", True, "ok")
+        why = (
+            "kernel lacks the netem qdisc (CONFIG_NET_SCH_NETEM; tc: "
+            f"{proc.stderr.strip()}): delay, jitter and loss cannot be emulated"
+        )
+        return _Features(True, f"ok: rate shaping only (tbf); {why}", False, why)
+    finally:
+        _run(["ip", "netns", "del", ns], check=False)
+
+
+def netem_available() -> tuple[bool, str]:
+    """Says whether :class:`EmulatedNetwork` can be created on this host.
+
+    The result is probed once per process (in a throw-away namespace). ``True`` means
+    namespaces, veths, a bridge and tbf rate shaping work; the message says whether
+    delay/jitter/loss (sch_netem) are also available (see :func:`delay_available`).
+
+    Returns:
+        ``(available, message)``; the message says what is missing when unavailable.
+    """
+    features = _probe()
+    return features.ok, features.reason
+
+
+def delay_available() -> tuple[bool, str]:
+    """Says whether delay, jitter and loss can be emulated (needs sch_netem).
+
+    Returns:
+        ``(available, message)``.
+    """
+    features = _probe()
+    return features.netem, features.netem_reason

@@ -1,0 +1,309 @@
+"""Network specs (``"1gbit:100us:jitter=20us:loss=0.1%"``), named profiles and schedules."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import decimal
+import itertools
+import math
+import random
+import re
+from collections.abc import Iterable, Sequence
+
+#: Named network profiles (values are spec strings; see :meth:`NetworkSpec.parse`).
+#:
+#: * ``datacenter-25g``: 25 GbE inside one rack: ~20 us one-way through one ToR switch.
+#: * ``cloud-10g``: a typical cloud VM NIC (10 Gbit/s) where the virtual network adds
+#:   ~100 us one-way with noticeable jitter.
+#: * ``ethernet-1g``: commodity 1 GbE office/lab cluster, ~200 us one-way (host stacks +
+#:   a store-and-forward switch).
+#: * ``wan-100m``: cross-site / federated setting: 100 Mbit/s, 10 ms one-way, 1 ms
+#:   jitter and 0.01 % loss.
+PROFILES: dict[str, str] = {
+    "datacenter-25g": "25gbit:20us",
+    "cloud-10g": "10gbit:100us:jitter=20us",
+    "ethernet-1g": "1gbit:200us",
+    "wan-100m": "100mbit:10ms:jitter=1ms:loss=0.01%",
+}
+
+_SPEC_FORMS = (
+    "valid forms: RATE[:DELAY][:jitter=DURATION][:loss=PERCENT%] with RATE in "
+    "bit/kbit/mbit/gbit/tbit (decimal SI, e.g. 1gbit, 2.5gbit), DELAY/DURATION in s/ms/us "
+    "(e.g. 5ms, 200us), loss as a percentage (e.g. loss=0.1%); or a profile name: "
+    + ", ".join(sorted(PROFILES))
+)
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+_BYTE_RATE_UNITS = ("bps", "kbps", "mbps", "gbps", "tbps", "kibps", "mibps", "gibps")
+_TIME_UNITS = {
+    "s": decimal.Decimal(1),
+    "ms": decimal.Decimal("1e-3"),
+    "us": decimal.Decimal("1e-6"),
+}
+_NUM = r"(\d+(?:\.\d+)?|\.\d+)"
+
+
+def _parse_rate(text: str, spec: str) -> int:
+    m = re.fullmatch(_NUM + r"([a-z]+)", text.strip().lower())
+    if m is None:
+        raise ValueError(f"bad rate {text!r} in network spec {spec!r}; {_SPEC_FORMS}")
+    value, unit = decimal.Decimal(m.group(1)), m.group(2)
+    if unit in _BYTE_RATE_UNITS:
+        raise ValueError(
+            f"ambiguous rate unit {unit!r} in network spec {spec!r}: tc reads 'bps' as "
+            f"bytes/s while people usually mean bits/s; write it in bits, e.g. "
+            f"'{m.group(1)}{unit[:-3] or ''}bit' (or multiply by 8); {_SPEC_FORMS}"
+        )
+    if unit not in _RATE_UNITS:
+        raise ValueError(f"unknown rate unit {unit!r} in network spec {spec!r}; {_SPEC_FORMS}")
+    rate = int((value * _RATE_UNITS[unit]).to_integral_value(rounding=decimal.ROUND_HALF_EVEN))
+    if rate <= 0:
+        raise ValueError(f"rate must be positive in network spec {spec!r}; {_SPEC_FORMS}")
+    return rate
+
+
+def _parse_duration(text: str, spec: str, what: str) -> float:
+    m = re.fullmatch(_NUM + r"(s|ms|us)", text.strip().lower())
+    if m is None:
+        raise ValueError(
+            f"bad {what} {text!r} in network spec {spec!r} (a unit s/ms/us is required); "
+            f"{_SPEC_FORMS}"
+        )
+    return float(decimal.Decimal(m.group(1)) * _TIME_UNITS[m.group(2)])
+
+
+def _parse_loss(text: str, spec: str) -> float:
+    m = re.fullmatch(_NUM + r"%", text.strip())
+    if m is None:
+        raise ValueError(
+            f"bad loss {text!r} in network spec {spec!r} (a percentage like 0.1% is "
+            f"required); {_SPEC_FORMS}"
+        )
+    return float(decimal.Decimal(m.group(1)) / 100)
+
+
+def _fmt_rate(rate: int) -> str:
+    for unit in ("tbit", "gbit", "mbit", "kbit"):
+        if rate % _RATE_UNITS[unit] == 0:
+            return f"{rate // _RATE_UNITS[unit]}{unit}"
+    return f"{rate}bit"
+
+
+def _fmt_decimal(value: decimal.Decimal) -> str:
+    text = format(value.normalize(), "f")
+    return text
+
+
+def _fmt_duration(seconds: float) -> str:
+    value = decimal.Decimal(repr(seconds))
+    for unit in ("s", "ms"):
+        scaled = value / _TIME_UNITS[unit]
+        if scaled >= 1 and scaled == scaled.to_integral_value():
+            return f"{_fmt_decimal(scaled)}{unit}"
+    return f"{_fmt_decimal(value / _TIME_UNITS['us'])}us"
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkSpec:
+    """What the network between two ranks looks like (end to end, one direction).
+
+    Attributes:
+        rate_bit_s: Link rate in bit/s (every rank's link, both directions).
+        delay_s: One-way rank-to-rank latency added by the emulator, in seconds.
+        jitter_s: Uniform jitter around ``delay_s`` (at most ``delay_s``), in seconds.
+        loss_frac: End-to-end random packet loss probability in ``[0, 1)``.
+    """
+
+    rate_bit_s: int
+    delay_s: float = 0.0
+    jitter_s: float = 0.0
+    loss_frac: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rate_bit_s, int) or isinstance(self.rate_bit_s, bool):
+            raise ValueError(f"rate_bit_s must be an int, got {self.rate_bit_s!r}")
+        if self.rate_bit_s <= 0:
+            raise ValueError(f"rate_bit_s must be positive, got {self.rate_bit_s}")
+        for field in ("delay_s", "jitter_s", "loss_frac"):
+            value = getattr(self, field)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{field} must be a finite number >= 0, got {value!r}")
+            object.__setattr__(self, field, float(value))
+        if self.jitter_s > self.delay_s:
+            raise ValueError(
+                f"jitter ({_fmt_duration(self.jitter_s)}) must not exceed delay "
+                f"({_fmt_duration(self.delay_s)}): netem would clamp negative delays"
+            )
+        if self.loss_frac >= 1:
+            raise ValueError(f"loss_frac must be < 1 (100%), got {self.loss_frac}")
+
+    @classmethod
+    def parse(cls, text: str | NetworkSpec) -> NetworkSpec:
+        """Parses a spec string or profile name.
+
+        Args:
+            text: ``RATE[:DELAY][:jitter=DUR][:loss=PCT%]`` (e.g. ``"1gbit"``,
+                ``"100mbit:5ms"``, ``"10gbit:200us:jitter=50us:loss=0.1%"``), a name in
+                :data:`PROFILES`, or a :class:`NetworkSpec` (returned unchanged).
+
+        Returns:
+            The parsed spec.
+
+        Raises:
+            ValueError: The text is malformed; the message names the spec and the valid
+                forms.
+        """
+        if isinstance(text, NetworkSpec):
+            return text
+        if not isinstance(text, str):
+            raise ValueError(f"network spec must be a string, got {text!r}; {_SPEC_FORMS}")
+        spec = text.strip()
+        if spec in PROFILES:
+            return cls.parse(PROFILES[spec])
+        parts = spec.split(":")
+        if not spec or any(not p.strip() for p in parts):
+            raise ValueError(f"empty field in network spec {text!r}; {_SPEC_FORMS}")
+        rate = _parse_rate(parts[0], text)
+        values: dict[str, float] = {}
+        for i, part in enumerate(parts[1:]):
+            key, sep, value = part.partition("=")
+            key = key.strip().lower()
+            if not sep:
+                if i != 0:
+                    raise ValueError(
+                        f"unexpected positional field {part!r} in network spec {text!r} "
+                        f"(only the delay may follow the rate without a key); {_SPEC_FORMS}"
+                    )
+                key, value = "delay", part
+            if key in values:
+                raise ValueError(f"{key} given twice in network spec {text!r}; {_SPEC_FORMS}")
+            if key in ("delay", "jitter"):
+                values[key] = _parse_duration(value, text, key)
+            elif key == "loss":
+                values[key] = _parse_loss(value, text)
+            else:
+                raise ValueError(f"unknown key {key!r} in network spec {text!r}; {_SPEC_FORMS}")
+        try:
+            return cls(
+                rate,
+                values.get("delay", 0.0),
+                values.get("jitter", 0.0),
+                values.get("loss", 0.0),
+            )
+        except ValueError as exc:
+            raise ValueError(f"invalid network spec {text!r}: {exc}; {_SPEC_FORMS}") from None
+
+    def __str__(self) -> str:
+        parts = [_fmt_rate(self.rate_bit_s)]
+        if self.delay_s:
+            parts.append(_fmt_duration(self.delay_s))
+        if self.jitter_s:
+            if not self.delay_s:  # unreachable (jitter <= delay) but keep the grammar valid
+                parts.append("0s")
+            parts.append(f"jitter={_fmt_duration(self.jitter_s)}")
+        if self.loss_frac:
+            pct = decimal.Decimal(repr(self.loss_frac)) * 100
+            parts.append(f"loss={_fmt_decimal(pct)}%")
+        return ":".join(parts)
+
+    @property
+    def rate_bytes_s(self) -> float:
+        """The link rate in bytes per second."""
+        return self.rate_bit_s / 8
+
+    def without_impairments(self) -> NetworkSpec:
+        """Returns this spec with delay, jitter and loss removed (rate only)."""
+        return NetworkSpec(self.rate_bit_s)
+
+    @property
+    def has_impairments(self) -> bool:
+        """Whether delay, jitter or loss are non-zero (these need sch_netem)."""
+        return bool(self.delay_s or self.jitter_s or self.loss_frac)
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkSchedule:
+    """A piecewise-constant network over elapsed training time.
+
+    Attributes:
+        entries: ``(start_seconds, spec)`` pairs, strictly increasing, the first at 0.
+    """
+
+    entries: tuple[tuple[float, NetworkSpec], ...]
+
+    def __post_init__(self) -> None:
+        if not self.entries:
+            raise ValueError("a network schedule needs at least one (0, spec) entry")
+        times = [t for t, _ in self.entries]
+        if times[0] != 0:
+            raise ValueError(f"a network schedule must start at 0 s, got {times[0]}")
+        for prev, cur in itertools.pairwise(times):
+            if not cur > prev:
+                raise ValueError(f"network schedule times must strictly increase: {times}")
+
+    @classmethod
+    def parse(
+        cls, items: Iterable[tuple[float, str | NetworkSpec]] | str | NetworkSpec
+    ) -> NetworkSchedule:
+        """Builds a schedule from ``(elapsed_training_seconds, spec)`` pairs.
+
+        Args:
+            items: Pairs like ``[(0, "1gbit"), (30, "100mbit"), (60, "1gbit")]``; a single
+                spec string or :class:`NetworkSpec` means a constant network.
+
+        Returns:
+            The validated schedule.
+
+        Raises:
+            ValueError: Times are not finite numbers >= 0, not strictly increasing, the
+                first is not 0, or a spec is malformed.
+        """
+        if isinstance(items, (str, NetworkSpec)):
+            return cls(((0.0, NetworkSpec.parse(items)),))
+        entries = []
+        for item in items:
+            try:
+                t, spec = item
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"network schedule entries must be (seconds, spec) pairs, got {item!r}"
+                ) from None
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+                raise ValueError(f"network schedule time must be a finite number, got {t!r}")
+            if t < 0:
+                raise ValueError(f"network schedule time must be >= 0, got {t!r}")
+            entries.append((float(t), NetworkSpec.parse(spec)))
+        return cls(tuple(entries))
+
+    def spec_at(self, elapsed_s: float) -> NetworkSpec:
+        """Returns the spec in force after ``elapsed_s`` seconds of training."""
+        times = [t for t, _ in self.entries]
+        i = bisect.bisect_right(times, max(0.0, elapsed_s)) - 1
+        return self.entries[i][1]
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def choose_profile(profiles: Sequence[str | NetworkSpec], seed: int | None) -> NetworkSpec:
+    """Picks one network per episode, reproducibly.
+
+    Args:
+        profiles: Profile names and/or spec strings (all are validated up front).
+        seed: Episode seed; the same seed always picks the same entry.
+
+    Returns:
+        The chosen spec.
+
+    Raises:
+        ValueError: ``profiles`` is empty or an entry is malformed.
+    """
+    if isinstance(profiles, (str, NetworkSpec)):
+        profiles = [profiles]
+    specs = [NetworkSpec.parse(p) for p in profiles]
+    if not specs:
+        raise ValueError("choose_profile needs at least one profile or spec")
+    return random.Random(seed).choice(specs)
