@@ -755,7 +755,7 @@ def main() -> None:
         if _received:
             name = signal.Signals(_received[0]).name
             print(
-                f"commgym: stopped by {name}; ranks and emulated network cleaned up",
+                f"commgym: stopped by {name}, cleaned up as on Ctrl-C",
                 file=sys.stderr,
             )
             raise SystemExit(128 + _received[0]) from None
