@@ -519,7 +519,11 @@ def ui_cmd(
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="Store to browse."),
     port: int = typer.Option(5000, "--port", help="Port on 127.0.0.1."),
     workers: int = typer.Option(
-        2, "--workers", min=1, help="Server worker processes (each starts MLflow: ~10 s)."
+        1,
+        "--workers",
+        min=1,
+        help="Server worker processes. More than one puts uvicorn's supervisor in charge, "
+        "which restarts workers that take over 5 s to answer: on a busy machine they never do.",
     ),
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 against the store the other commands use.
@@ -782,7 +786,7 @@ def main() -> None:
         if _received:
             name = signal.Signals(_received[0]).name
             print(
-                f"commgym: stopped by {name}; ranks and emulated network cleaned up",
+                f"commgym: stopped by {name}, cleaned up as on Ctrl-C",
                 file=sys.stderr,
             )
             raise SystemExit(128 + _received[0]) from None
