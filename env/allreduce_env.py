@@ -160,7 +160,7 @@ class AllReduceEnv(gym.Env):
     1    comm_wait_frac           1          [0, 1]        comm wait / iteration time
     2    compress_s               s          [0, 1e3]      compress+decompress per iteration
     3    log10_bytes_per_step     log10 B    [0, 15]       log10(1 + bytes sent / iteration)
-    4    bandwidth_gbps           Gbit/s     [0, 1e4]      bytes * 8 / comm-wait time
+    4    bandwidth_gbps           Gbit/s     [0, 1e4]      effective: bytes * 8 / comm wait
     5    train_loss               nats       [0, 1e4]      mean training loss, all ranks
     6    eval_loss                nats       [0, 1e4]      held-out loss, consensus model
     7    loss_change              log ratio  [-20, 20]     log(L_prev) - log(L)
@@ -174,6 +174,14 @@ class AllReduceEnv(gym.Env):
     15   world_size               ranks      [1, 1e5]      number of ranks
     16   log10_num_params         log10      [0, 15]       model size
     ===  =======================  =========  ============  ===============================
+
+    ``bandwidth_gbps`` is the *effective* bandwidth the training step experienced
+    (``effective_bandwidth_gbps``: bytes handed to collectives * 8 / seconds blocked on
+    them), not the link rate. Transfers hidden behind backward, and on an emulated link
+    bytes carried by the token bucket's burst (128 KiB per link) after it refilled during
+    compute, cost no waiting, so it can read above the configured rate, more so on a busy
+    machine; it is never below the decision's average throughput
+    ``bytes_total * 8 / train_time_s``. The configured link is ``info["network"]``.
 
     The reset observation holds no timings (indices 0-4 and 7-10 are 0), so
     ``reset(seed=s)`` twice gives identical observations. Step observations contain

@@ -40,6 +40,7 @@ __all__ = [
     "RankMeasurement",
     "combine_eval",
     "decision_info",
+    "effective_bandwidth_gbps",
 ]
 
 
@@ -267,7 +268,8 @@ OBSERVATION_FIELDS: tuple[ObservationField, ...] = (
         "Gbit/s",
         0.0,
         1e4,
-        "achieved: bytes sent * 8 / time waiting on communication",
+        "effective: bytes sent * 8 / time the step waited on communication "
+        "(not the link rate; see effective_bandwidth_gbps)",
     ),
     ObservationField(
         "train_loss", "nats", 0.0, 1e4, "mean training loss over the decision (all ranks)"
@@ -292,6 +294,30 @@ OBSERVATION_FIELDS: tuple[ObservationField, ...] = (
         "log10_num_params", "log10", 0.0, 15.0, "log10 of the model's parameter count"
     ),
 )
+
+
+def effective_bandwidth_gbps(bytes_total: float, comm_s: float) -> float:
+    """Effective bandwidth of one decision, Gbit/s: ``bytes_total * 8 / comm_s / 1e9``.
+
+    The rate at which communication *appears* to run from the training step's point of
+    view: bytes handed to collectives per second the ranks were blocked on them
+    (``comm_s``: comm-wait after backward summed over the decision's iterations, plus the
+    consensus average). It is what decides whether compressing pays, and it is **not**
+    the link rate: transfer time hidden behind backward and, on an emulated link, bytes
+    that pass in the token bucket's burst while the bucket refilled during compute do
+    not count as waiting, so it can exceed the configured rate (on a busy machine more
+    so, as slower compute refills the bucket further). It is never below
+    ``bytes_total * 8 / train_time_s``, the decision's own average throughput. The link
+    rate is ``info["network"]``.
+
+    Args:
+        bytes_total: bytes handed to collectives in the decision (one rank).
+        comm_s: seconds blocked on communication in the decision (mean over ranks).
+
+    Returns:
+        Gbit/s; 0.0 when nothing was waited on (``comm_s <= 0``).
+    """
+    return float(bytes_total) * 8 / float(comm_s) / 1e9 if comm_s > 0 else 0.0
 
 
 class ObservationBuilder:
@@ -373,7 +399,7 @@ class ObservationBuilder:
             "comm_wait_frac": wait / iter_mean if iter_mean > 0 else 0.0,
             "compress_s": float(m.compress_s),
             "log10_bytes_per_step": math.log10(1.0 + float(m.bytes_per_step)),
-            "bandwidth_gbps": m.bytes_total * 8 / comm_s / 1e9 if comm_s > 0 else 0.0,
+            "bandwidth_gbps": effective_bandwidth_gbps(m.bytes_total, comm_s),
             "train_loss": float(m.train_loss),
             "eval_loss": eval_loss,
             "loss_change": (

@@ -9,6 +9,7 @@ from commgym.env.net import (
     cleanup_leftovers,
     delay_available,
     netem_available,
+    tbf_burst_bytes,
 )
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "cleanup_leftovers",
     "delay_available",
     "netem_available",
+    "tbf_burst_bytes",
 ]

@@ -20,6 +20,7 @@ from commgym.env.measure import (
     ObservationBuilder,
     ObservationField,
     combine_eval,
+    effective_bandwidth_gbps,
 )
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "ObservationField",
     "RewardContext",
     "combine_eval",
+    "effective_bandwidth_gbps",
 ]
 
 

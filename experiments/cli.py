@@ -1,13 +1,61 @@
 """The ``commgym`` command line (typer).
 
-Sub-commands grow with the project; today: ``commgym bench sync`` (the collectives
-benchmark against torch DDP) and ``commgym bench kernels`` (compression-kernel
-throughput against a device copy).
+``train``, ``evaluate``, ``replay``, ``collect``, ``fit-surrogate``, ``ui``, ``netem
+cleanup`` and the ``bench`` group. Conventions every command keeps:
+
+* bad input (an unknown name, a missing or garbage policy file, an output folder that
+  cannot be written, an unreachable tracking server) is one ``error: ...`` line on
+  stderr and exit status 2, before any rank, run, store or output folder is created;
+* SIGTERM and SIGHUP are handled like Ctrl-C: the same cleanup runs (ranks killed,
+  emulated network removed, the MLflow run marked ``KILLED``) and the exit status is
+  ``128 + signal``;
+* option help that lists names (agents, workloads, shipped scenarios) is generated
+  from the registries when help is shown.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
 import typer
+from typer.core import TyperCommand
+
+
+def _registry_lists() -> dict[str, str]:
+    """Names for option help, read from the registries (imports torch: help time only)."""
+    from commgym.agents import agent_names
+    from commgym.env.workloads import WORKLOADS
+    from commgym.experiments.config import shipped_configs
+
+    return {
+        "agents": ", ".join(agent_names()),
+        "workloads": ", ".join(WORKLOADS),
+        "configs": ", ".join(shipped_configs()),
+    }
+
+
+class RegistryHelpCommand(TyperCommand):
+    """A command whose option help may name ``{agents}``, ``{workloads}``, ``{configs}``.
+
+    The lists are filled in from the registries when help is rendered, so they cannot
+    drift from what the command accepts, and normal runs do not pay for the imports.
+    """
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:  # noqa: D102
+        lists: dict[str, str] | None = None
+        for param in self.params:
+            template = getattr(param, "_help_template", None) or getattr(param, "help", None)
+            if template and "{" in template:
+                lists = lists if lists is not None else _registry_lists()
+                param._help_template = template  # type: ignore[attr-defined]
+                param.help = template.format(**lists)  # type: ignore[attr-defined]
+        return super().format_help(ctx, formatter)
+
 
 app = typer.Typer(
     name="commgym",
@@ -201,37 +249,107 @@ def _overrides(**kw: object) -> dict[str, object]:
     return {k.replace("__", "."): v for k, v in kw.items() if v is not None}
 
 
-def _fail(err: Exception) -> None:
-    typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+def _fail(err: Exception | str) -> None:
+    """One ``error:`` line on stderr, exit status 2."""
+    text = " ".join(str(err).split())  # one line, whatever the exception's text holds
+    typer.secho(f"error: {text}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
 
 
-@app.command("train")
+def _check_writable_dir(path: str | os.PathLike[str], what: str) -> None:
+    """Fail unless ``path`` is, or can be created as, a writable folder (leaves nothing).
+
+    Raises:
+        ValueError: a component is a file, or the nearest existing folder is not writable.
+    """
+    p = Path(path).expanduser().absolute()
+    probe = p
+    try:
+        while not probe.exists():
+            probe = probe.parent
+    except OSError as err:  # an ancestor cannot be searched
+        raise ValueError(f"{what} {str(path)!r} is not writable ({err.strerror})") from None
+    if not probe.is_dir():
+        raise ValueError(f"{what} {str(path)!r} cannot be created: {probe} is a file, not a folder")
+    # a real probe, created and removed at once: permission bits say nothing for root,
+    # and pseudo file systems (/proc) refuse folders whatever they say
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".commgym-probe-", dir=probe))
+    except OSError as err:
+        raise ValueError(
+            f"{what} {str(path)!r} is not writable ({probe}: {err.strerror or err})"
+        ) from None
+
+
+def _check_tracking(uri: str | None) -> None:
+    """Fail when the tracking store named by ``uri`` (or the default) cannot be used.
+
+    An ``http(s)://`` server must answer its health probe within 3 s; a SQLite store's
+    folder must be writable. Nothing is created. (Library users of ``Tracker`` keep its
+    degrade-to-no-op behaviour; on the command line the user asked for that store.)
+    """
+    from commgym.experiments.tracking.store import (
+        _is_remote,
+        _probe_server,
+        default_tracking_uri,
+    )
+
+    uri = uri or default_tracking_uri()
+    if _is_remote(uri):
+        err = _probe_server(uri, 3.0)
+        if err is not None:
+            raise ValueError(
+                f"MLflow tracking server {uri} is unreachable ({err}); start it, or omit "
+                "--tracking-uri / MLFLOW_TRACKING_URI to log to ./mlflow.db"
+            )
+    elif uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///") :].split("?", 1)[0])
+        if db.exists() and not os.access(db, os.W_OK):
+            raise ValueError(f"MLflow store {db} is not writable")
+        _check_writable_dir(db.parent, "folder of the MLflow store")
+
+
+def _check_policy_file(policy: str) -> None:
+    """Fail unless ``policy`` is a commgym policy zip (reads only its JSON member)."""
+    from commgym.agents.base import read_policy_json
+
+    read_policy_json(policy)
+
+
+def _check_outputs(cfg: Any) -> None:
+    """Validate where a train/evaluate run will write, before it writes anything."""
+    _check_writable_dir(cfg.output_dir, "--output-dir")
+    _check_tracking(cfg.tracking_uri)
+
+
+_CONFIG_HELP = "YAML scenario file, or a shipped name: {configs} (default: default)."
+_AGENT_HELP = "Agent name: {agents}; or static:<menu entry>, e.g. static:int8/4MB/H1."
+_WORKLOAD_HELP = "Workload: {workloads} (default scenario: mlp-digits)."
+_NETWORK_HELP = (
+    "Emulated cluster network for every rank, a spec or profile, e.g. 100mbit, "
+    "1gbit:200us, ethernet-1g, wan-100m (needs root or CAP_NET_ADMIN; default: loopback)."
+)
+_TUNING_HELP = (
+    "Real decisions each tuning baseline (bayesopt, grid, bandit, ...) tunes on before "
+    "evaluation; its wall time is reported as tuning cost. Default: as many real decisions "
+    "as the learned agent saw (surrogate_decisions, or timesteps with --env real)."
+)
+
+
+@app.command("train", cls=RegistryHelpCommand)
 def train_cmd(
-    config: str | None = typer.Option(
-        None, "--config", help="YAML scenario file, or a shipped name: 'default', 'smoke'."
-    ),
+    config: str | None = typer.Option(None, "--config", help=_CONFIG_HELP),
     agent: str | None = typer.Option(
-        None,
-        "--agent",
-        help="Agent name, e.g. ppo, a2c, dqn, bayesopt, bandit (default scenario: ppo).",
+        None, "--agent", help=_AGENT_HELP + " (default scenario: ppo)"
     ),
-    workload: str | None = typer.Option(
-        None,
-        "--workload",
-        help="mlp-digits, cnn-digits, charlm, wide-mlp (default scenario: mlp-digits).",
-    ),
+    workload: str | None = typer.Option(None, "--workload", help=_WORKLOAD_HELP),
     world_size: int | None = typer.Option(
         None, "--world-size", min=1, help="Number of ranks (default scenario: 2)."
     ),
     timesteps: int | None = typer.Option(
         None, "--timesteps", min=1, help="Training decisions (default scenario: 20000)."
     ),
-    network: str | None = typer.Option(
-        None,
-        "--network",
-        help="Emulated network spec or profile, e.g. 100mbit, ethernet-1g (needs root).",
-    ),
+    network: str | None = typer.Option(None, "--network", help=_NETWORK_HELP),
     seed: int | None = typer.Option(None, "--seed", help="Agent / training seed."),
     steps_per_decision: int | None = typer.Option(
         None,
@@ -246,14 +364,22 @@ def train_cmd(
         None, "--episodes", min=1, help="Evaluation seeds per agent (default scenario: 3)."
     ),
     baselines: str | None = typer.Option(
-        None, "--baselines", help="Comma-separated agents to compare."
+        None, "--baselines", help="Comma-separated agents to compare (names as for --agent)."
     ),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow tracking URI."),
+    tuning_decisions: int | None = typer.Option(
+        None, "--tuning-decisions", min=1, help=_TUNING_HELP
+    ),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="MLflow tracking URI (default: sqlite:///$PWD/mlflow.db)."
+    ),
     output_dir: str | None = typer.Option(
-        None, "--output-dir", help="Folder for policy, plots, CSVs."
+        None, "--output-dir", help="Folder for policy, plots, CSVs (default: commgym-out)."
     ),
     env_kind: str | None = typer.Option(
-        None, "--env", help="Learn on 'real' ranks or on the 'surrogate' (evaluation: real)."
+        None,
+        "--env",
+        help="Where the agent learns: 'surrogate' (default scenario: fitted first from real "
+        "decisions) or 'real' ranks. Evaluation always runs on real ranks.",
     ),
     surrogate: str | None = typer.Option(
         None,
@@ -269,7 +395,6 @@ def train_cmd(
 ) -> None:
     """Train an agent on real all-reduce runs, save the policy, compare it with the baselines."""
     from commgym.experiments.config import load_run_config
-    from commgym.experiments.train import train
 
     try:
         cfg = load_run_config(
@@ -280,6 +405,7 @@ def train_cmd(
                 seed=seed,
                 episodes=episodes,
                 baselines=baselines,
+                tuning_decisions=tuning_decisions,
                 tracking_uri=tracking_uri,
                 output_dir=output_dir,
                 env_kind=env_kind,
@@ -292,12 +418,18 @@ def train_cmd(
                 env__time_budget_s=time_budget_s,
             ),
         )
+        _check_outputs(cfg)
+    except (ValueError, FileNotFoundError) as err:
+        _fail(err)
+    from commgym.experiments.train import train
+
+    try:
         train(cfg)
     except (ValueError, FileNotFoundError) as err:
         _fail(err)
 
 
-@app.command("evaluate")
+@app.command("evaluate", cls=RegistryHelpCommand)
 def evaluate_cmd(
     policy: str = typer.Option(
         ..., "--policy", help="Policy file saved by `commgym train`, or static:<preset>."
@@ -305,21 +437,31 @@ def evaluate_cmd(
     baselines: str | None = typer.Option(
         None,
         "--baselines",
-        help="Comma-separated agents, e.g. static:ddp-default,static:fp16-dense,bayesopt.",
+        help="Comma-separated agents, e.g. static:ddp-default,static:fp16-dense,bayesopt. "
+        "Known: {agents}.",
     ),
     episodes: int | None = typer.Option(
-        None, "--episodes", min=1, help="Evaluation seeds per agent."
+        None, "--episodes", min=1, help="Evaluation seeds per agent (default scenario: 3)."
     ),
-    config: str | None = typer.Option(None, "--config", help="YAML scenario file or shipped name."),
-    workload: str | None = typer.Option(None, "--workload"),
-    world_size: int | None = typer.Option(None, "--world-size", min=1),
-    time_budget_s: float | None = typer.Option(None, "--time-budget-s"),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
-    output_dir: str | None = typer.Option(None, "--output-dir"),
+    config: str | None = typer.Option(None, "--config", help=_CONFIG_HELP),
+    workload: str | None = typer.Option(None, "--workload", help=_WORKLOAD_HELP),
+    world_size: int | None = typer.Option(None, "--world-size", min=1, help="Number of ranks."),
+    network: str | None = typer.Option(None, "--network", help=_NETWORK_HELP),
+    time_budget_s: float | None = typer.Option(
+        None, "--time-budget-s", help="Training seconds per episode (default scenario: 2)."
+    ),
+    tuning_decisions: int | None = typer.Option(
+        None, "--tuning-decisions", min=1, help=_TUNING_HELP
+    ),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="MLflow tracking URI (default: sqlite:///$PWD/mlflow.db)."
+    ),
+    output_dir: str | None = typer.Option(
+        None, "--output-dir", help="Folder for plots and CSVs (default: commgym-out)."
+    ),
 ) -> None:
     """Compare a saved policy with baselines over the same seeds (mean and 95% interval)."""
     from commgym.experiments.config import load_run_config
-    from commgym.experiments.train import evaluate
 
     try:
         cfg = load_run_config(
@@ -327,47 +469,114 @@ def evaluate_cmd(
             _overrides(
                 baselines=baselines,
                 episodes=episodes,
+                tuning_decisions=tuning_decisions,
                 tracking_uri=tracking_uri,
                 output_dir=output_dir,
                 env__workload=workload,
                 env__world_size=world_size,
+                env__network=network,
                 env__time_budget_s=time_budget_s,
             ),
         )
+        _check_policy_file(policy)
+        _check_outputs(cfg)
     except (ValueError, FileNotFoundError) as err:
         _fail(err)
+    from commgym.experiments.train import evaluate
+
     try:
         evaluate(cfg, policy)
     except (ValueError, FileNotFoundError) as err:
         _fail(err)
 
 
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _stop_group(proc: Any, timeout_s: float = 10.0) -> None:
+    """SIGTERM the server's process group (uvicorn and its workers), SIGKILL if it lingers."""
+    import subprocess
+
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+
+
 @app.command("ui")
 def ui_cmd(
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="Store to browse."),
     port: int = typer.Option(5000, "--port", help="Port on 127.0.0.1."),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        min=1,
+        help="Server worker processes. More than one puts uvicorn's supervisor in charge, "
+        "which restarts workers that take over 5 s to answer: on a busy machine they never do.",
+    ),
 ) -> None:
-    """Start the MLflow UI on 127.0.0.1 against the store the other commands use."""
-    import subprocess
-    import sys
+    """Start the MLflow UI on 127.0.0.1 against the store the other commands use.
 
+    Says when the server answers (its start takes from seconds to minutes on a busy
+    machine), keeps request logging off the terminal, and stops the whole server on
+    Ctrl-C, SIGTERM or SIGHUP.
+    """
+    import subprocess
+    import time
+    import urllib.request
+
+    from commgym.experiments.progress import console, phase
     from commgym.experiments.tracking import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri()
-    typer.echo(f"MLflow UI for {uri} on http://127.0.0.1:{port} (Ctrl-C to stop)")
+    if not _port_free(port):
+        _fail(f"port {port} on 127.0.0.1 is in use (another MLflow UI?); choose one with --port")
     cmd = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "ui",
-        "--backend-store-uri",
-        uri,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    raise typer.Exit(subprocess.call(cmd))
+        sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+        "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
+        "--uvicorn-opts", "--no-access-log",
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    # own process group: stopping it reaches uvicorn's workers, not only the launcher
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        with phase(f"starting the MLflow UI for {uri}"):
+            while proc.poll() is None:
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                        if resp.status == 200:
+                            break
+                except OSError:
+                    time.sleep(0.5)
+        if proc.poll() is not None:
+            _fail(f"the MLflow UI exited with status {proc.returncode} before answering")
+        console.print(f"MLflow UI ready: [bold]{url}[/bold]  (Ctrl-C to stop)")
+        rc = proc.wait()
+    finally:
+        _stop_group(proc)
+    raise typer.Exit(rc)
+
+
+#: What ``commgym replay --policy`` accepts, named in its errors.
+_REPLAY_POLICY_FORMS = (
+    "a policy file saved by `commgym train` (e.g. commgym-out/policy.zip) or a static preset "
+    "(static:ddp-default, static:fp16-dense, static:<menu entry> such as static:int8/4MB/H1)"
+)
 
 
 @app.command("replay")
@@ -404,6 +613,11 @@ def replay_cmd(
     from commgym.collectives import CommgymError
     from commgym.experiments.replay import replay
 
+    if not policy.startswith("static:"):
+        try:
+            _check_policy_file(policy)
+        except (ValueError, FileNotFoundError) as err:
+            _fail(f"{err}; --policy takes {_REPLAY_POLICY_FORMS}")
     try:
         replay(
             policy,
@@ -417,7 +631,9 @@ def replay_cmd(
             seed=seed,
             baselines=[b.strip() for b in baselines.split(",") if b.strip()],
         )
-    except (ValueError, FileNotFoundError, RuntimeError, CommgymError) as err:
+    except FileNotFoundError as err:
+        _fail(f"{err}; --policy takes {_REPLAY_POLICY_FORMS}")
+    except (ValueError, RuntimeError, CommgymError) as err:
         _fail(err)
 
 
@@ -534,9 +750,53 @@ def fit_surrogate_cmd(
         )
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread so that Ctrl-C's cleanup runs.
+
+    A subclass of ``KeyboardInterrupt`` on purpose: every ``finally`` / ``with`` that
+    handles Ctrl-C (rank teardown, network removal, MLflow run marked ``KILLED``, the UI
+    server stopped) handles it the same way, and ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_received: list[int] = []
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    if _received:  # cleanup is running: a second signal must not cut it short
+        return
+    _received.append(signum)
+    raise Terminated(signum)
+
+
+def install_signal_handlers() -> None:
+    """Route SIGTERM and SIGHUP through Ctrl-C's cleanup (main thread only)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+
+
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point.
+
+    Exit status: 0 success, 1 failure, 2 bad input, 130 Ctrl-C, ``128 + n`` after
+    signal ``n`` (143 for SIGTERM).
+    """
+    install_signal_handlers()
+    try:
+        app()
+    except SystemExit:
+        if _received:
+            name = signal.Signals(_received[0]).name
+            print(
+                f"commgym: stopped by {name}, cleaned up as on Ctrl-C",
+                file=sys.stderr,
+            )
+            raise SystemExit(128 + _received[0]) from None
+        raise
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,12 @@ STICKY_MEAN_DECISIONS = 4
 
 
 def collect_transitions(
-    env: Any, path: str | Path, decisions: int, policy: str = "random", seed: int = 0
+    env: Any,
+    path: str | Path,
+    decisions: int,
+    policy: str = "random",
+    seed: int = 0,
+    on_step: Callable[[], None] | None = None,
 ) -> Path:
     """Record ``decisions`` real decisions of ``env`` under ``policy`` to ``path``.
 
@@ -38,6 +44,7 @@ def collect_transitions(
         decisions: number of decisions (episodes are reset as they end).
         policy: ``"sticky"``, ``"random"`` or ``"grid"`` (see the module docstring).
         seed: seed of the first episode and of the random policy.
+        on_step: called after each decision (progress display).
 
     Raises:
         ValueError: unknown policy.
@@ -61,6 +68,8 @@ def collect_transitions(
         hold -= 1
         a = np.array(np.unravel_index(flat, tuple(int(n) for n in nvec)), dtype=np.int64)
         _, _, term, trunc, _ = rec.step(a)
+        if on_step is not None:
+            on_step()
         if term or trunc:
             rec.reset()
     return rec.flush()
@@ -74,6 +83,7 @@ def record_dataset(
     seed: int = 0,
     bench: bool = True,
     run: Any = None,
+    on_step: Callable[[], None] | None = None,
 ) -> tuple[Path, Path | None, float]:
     """Time the collectives (prior), then record decisions, on an open real env.
 
@@ -85,6 +95,7 @@ def record_dataset(
         seed: seed of the first episode and of the exploration policy.
         bench: time all-reduce / all-gather first (skipped for one rank).
         run: a ``RunLogger`` to log both files and ``collect/*`` metrics to, or ``None``.
+        on_step: called after each recorded decision (progress display).
 
     Returns:
         ``(transitions path, bench path or None, seconds)``.
@@ -99,7 +110,7 @@ def record_dataset(
         bench_path = out.with_suffix(".bench.json")
         bench_path.parent.mkdir(parents=True, exist_ok=True)
         bench_path.write_text(json.dumps(bench_collectives(env.unwrapped.cluster)))
-    path = collect_transitions(env, out, decisions, policy, seed)
+    path = collect_transitions(env, out, decisions, policy, seed, on_step)
     secs = time.perf_counter() - t0
     if run is not None:
         for f in (bench_path, path):
@@ -184,7 +195,12 @@ def collect(
             f"collect-{policy}", params={**params, **reproducibility_params()},
             tags={"commgym.command": "collect"},
         ) as run:  # fmt: skip
-            path, bench_path, secs = record_dataset(env, out, decisions, policy, seed, bench, run)
+            from commgym.experiments.progress import phase
+
+            with phase(f"recording real decisions ({policy})", decisions, unit="decisions") as adv:
+                path, bench_path, secs = record_dataset(
+                    env, out, decisions, policy, seed, bench, run, on_step=lambda: adv(1)
+                )
     finally:
         env.close()
     return {

@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
-__all__ = ["CONFIG_DIR", "RunConfig", "load_run_config"]
+__all__ = ["CONFIG_DIR", "RunConfig", "load_run_config", "shipped_configs"]
 
-#: Scenario files shipped with commgym (``default.yaml``, ``smoke.yaml``).
+#: Folder of the scenario files shipped with commgym (see :func:`shipped_configs`).
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
@@ -41,6 +41,11 @@ class RunConfig:
             collects ``surrogate_decisions`` real decisions of the scenario first (sticky
             random exploration) and fits one into ``output_dir``.
         surrogate_decisions: real decisions recorded when ``surrogate`` is ``None``.
+        tuning_decisions: real decisions each tuning baseline (``bayesopt``, ``grid``,
+            ``bandit``, ``accordion``, ``adacomm``, learning agents) spends tuning before
+            it is evaluated; ``None``: as many as the learned agent saw on real ranks
+            (``surrogate_decisions`` when it learns on the surrogate, else
+            ``timesteps``), see :attr:`resolved_tuning_decisions`.
     """
 
     agent: str = "ppo"
@@ -59,12 +64,15 @@ class RunConfig:
     env_kind: str = "real"
     surrogate: str | None = None
     surrogate_decisions: int = 400
+    tuning_decisions: int | None = None
 
     def __post_init__(self) -> None:
         if self.env_kind not in ("real", "surrogate"):
             raise ValueError(f"env_kind must be 'real' or 'surrogate', got {self.env_kind!r}")
-        for name in ("timesteps", "episodes", "surrogate_decisions"):
+        for name in ("timesteps", "episodes", "surrogate_decisions", "tuning_decisions"):
             v = getattr(self, name)
+            if v is None and name == "tuning_decisions":
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if not isinstance(self.env, dict):
@@ -83,6 +91,17 @@ class RunConfig:
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ValueError(f"unknown agent {name!r}; known: {sorted(AGENTS)}.{hint}")
 
+    @property
+    def resolved_tuning_decisions(self) -> int:
+        """Real decisions a tuning baseline gets before evaluation.
+
+        ``tuning_decisions`` when set, else the real-decision budget the learned agent
+        had: ``surrogate_decisions`` on the surrogate, ``timesteps`` on real ranks.
+        """
+        if self.tuning_decisions is not None:
+            return self.tuning_decisions
+        return self.surrogate_decisions if self.env_kind == "surrogate" else self.timesteps
+
     def to_dict(self, *, resolved: bool = True) -> dict[str, Any]:
         """Plain values (for YAML and MLflow params).
 
@@ -92,8 +111,14 @@ class RunConfig:
         """
         d = asdict(self)
         if resolved:
+            d["tuning_decisions"] = self.resolved_tuning_decisions
             d["env"] = self.env_config.to_dict()
         return d
+
+
+def shipped_configs() -> list[str]:
+    """Names of the scenarios shipped in :data:`CONFIG_DIR` (``--config NAME``)."""
+    return sorted(x.stem for x in CONFIG_DIR.glob("*.yaml"))
 
 
 def _check_keys(data: dict[str, Any], valid: list[str], where: str) -> None:
@@ -134,9 +159,8 @@ def load_run_config(
         if not p.exists() and (CONFIG_DIR / f"{path}.yaml").exists():
             p = CONFIG_DIR / f"{path}.yaml"
         if not p.exists():
-            shipped = sorted(x.stem for x in CONFIG_DIR.glob("*.yaml"))
             raise FileNotFoundError(
-                f"config file {str(path)!r} not found; shipped scenarios: {shipped}"
+                f"config file {str(path)!r} not found; shipped scenarios: {shipped_configs()}"
             )
         loaded = yaml.safe_load(p.read_text()) or {}
         if not isinstance(loaded, dict):

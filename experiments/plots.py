@@ -1,6 +1,6 @@
-"""Report figures: agent comparison with confidence intervals, and action timelines.
+"""Report figures: agent comparison with confidence intervals, loss curves, action timelines.
 
-Both functions draw on matplotlib's non-interactive ``Agg`` canvas (no display needed,
+The plotting functions draw on matplotlib's non-interactive ``Agg`` canvas (no display needed,
 pyplot's global backend untouched), write a PNG and return its path. They tolerate NaN
 values (dropped from statistics, gaps in lines) and a single seed (no interval drawn).
 """
@@ -15,7 +15,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["action_timeline_plot", "comparison_plot", "mean_ci"]
+__all__ = [
+    "action_timeline_figure",
+    "action_timeline_plot",
+    "comparison_plot",
+    "loss_curves_plot",
+    "mean_ci",
+]
 
 
 def _figure(**kwargs: Any) -> Any:
@@ -79,42 +85,15 @@ def _interval_kind() -> str:
     return "t" if importlib.util.find_spec("scipy") is not None else "normal approx."
 
 
-def comparison_plot(
-    results: Mapping[str, Sequence[float]],
-    metric_name: str,
-    path: str | os.PathLike[str],
-    *,
-    confidence: float = 0.95,
-) -> Path:
-    """Bar per agent: mean over seeds with a 95% confidence interval and the seeds as dots.
-
-    The interval is a t-interval (see :func:`mean_ci`); with one finite seed only the
-    bar is drawn, with none the agent is labelled ``n=0`` and no bar is drawn.
-
-    Args:
-        results: agent name -> one value of the metric per seed.
-        metric_name: y-axis label (put the unit in it, e.g. ``"time to target (s)"``).
-        path: output PNG path (parent directories are created).
-        confidence: interval coverage.
-
-    Returns:
-        The PNG path.
-
-    Raises:
-        ValueError: ``results`` is empty.
-    """
-    if not results:
-        raise ValueError("results is empty: nothing to compare")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _bar_panel(
+    ax: Any, results: Mapping[str, Sequence[float]], metric_name: str, confidence: float
+) -> None:
+    """One bar per agent: mean over finite seeds, its interval, the seeds as dots."""
     names = list(results)
     stats = [mean_ci(results[n], confidence) for n in names]
     means = np.array([s[0] for s in stats])
     half = np.array([s[1] for s in stats])
     xs = np.arange(len(names))
-
-    fig = _figure(figsize=(max(4.0, 1.2 * len(names) + 2.0), 4.0))
-    ax = fig.subplots()
     heights = np.where(np.isfinite(means), means, 0.0)
     bars = ax.bar(xs, heights, color="C0", alpha=0.7)
     for bar, m in zip(bars, means, strict=True):
@@ -138,12 +117,64 @@ def comparison_plot(
         if v.size:
             ax.scatter(i + rng.uniform(-0.15, 0.15, v.size), v, s=12, color="black", zorder=3)
     ax.set_xticks(xs)
-    ax.set_xticklabels([f"{n}\n(n={s[2]})" for n, s in zip(names, stats, strict=True)])
+    ax.set_xticklabels(
+        [f"{n}\n(n={s[2]})" for n, s in zip(names, stats, strict=True)],
+        rotation=20 if len(names) > 3 else 0,
+        ha="right" if len(names) > 3 else "center",
+        fontsize=8,
+    )
     ax.set_ylabel(metric_name)
-    ax.set_title(f"{metric_name}: mean over seeds")
+    ax.set_title(f"{metric_name}: mean over seeds", fontsize=10)
     if ok.any():
-        ax.legend(loc="best")
+        ax.legend(loc="best", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
+
+
+def comparison_plot(
+    results: Mapping[str, Sequence[float]] | Mapping[str, Mapping[str, Sequence[float]]],
+    metric_name: str | None,
+    path: str | os.PathLike[str],
+    *,
+    confidence: float = 0.95,
+) -> Path:
+    """Bars per agent: mean over seeds with a 95% confidence interval and the seeds as dots.
+
+    The interval is a t-interval (see :func:`mean_ci`); with one finite seed only the
+    bar is drawn, with none the agent is labelled ``n=0`` and no bar is drawn. Seeds
+    with a NaN value (e.g. a time to target that was not reached) are left out, and the
+    ``n=`` under each bar says how many remained.
+
+    Args:
+        results: agent name -> one value of the metric per seed; or, for several panels
+            side by side, metric name (with its unit) -> such a mapping.
+        metric_name: y-axis label of the single panel (put the unit in it, e.g.
+            ``"time to target (s)"``); ``None`` with the several-panel form.
+        path: output PNG path (parent directories are created).
+        confidence: interval coverage.
+
+    Returns:
+        The PNG path.
+
+    Raises:
+        ValueError: ``results`` (or one of its panels) is empty.
+    """
+    if not results:
+        raise ValueError("results is empty: nothing to compare")
+    first = next(iter(results.values()))
+    panels: Mapping[str, Mapping[str, Sequence[float]]] = (
+        results if isinstance(first, Mapping) else {str(metric_name): results}  # type: ignore[dict-item]
+    )
+    for name, panel in panels.items():
+        if not panel:
+            raise ValueError(f"panel {name!r} is empty: nothing to compare")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n_agents = max(len(p) for p in panels.values())
+    width = max(4.0, 1.2 * n_agents + 2.0)
+    fig = _figure(figsize=(width * len(panels), 4.5))
+    axes = np.atleast_1d(fig.subplots(1, len(panels)))
+    for ax, (name, panel) in zip(axes, panels.items(), strict=True):
+        _bar_panel(ax, panel, name, confidence)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path
@@ -173,48 +204,36 @@ def _training_time(rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, list[
 
 
 def _bandwidth_gbps(row: Mapping[str, Any]) -> float:
-    """Measured bus bandwidth, Gbit/s: bytes * 8 / communication time."""
-    for b_key, t_key in (("bytes_total", "comm_s"), ("bytes_per_step", "comm_wait_s")):
-        b, t = _num(row.get(b_key)), _num(row.get(t_key))
-        if math.isfinite(b) and math.isfinite(t) and t > 0:
-            return b * 8.0 / t / 1e9
-    return math.nan
+    """Effective bandwidth of one decision row, Gbit/s (the observation's definition)."""
+    from commgym.env.spaces import effective_bandwidth_gbps
+
+    b, t = _num(row.get("bytes_total")), _num(row.get("comm_s"))
+    return effective_bandwidth_gbps(b, t) if math.isfinite(b) and math.isfinite(t) else math.nan
 
 
-def action_timeline_plot(
-    rows: Sequence[Mapping[str, Any]],
-    path: str | os.PathLike[str],
+def _as_runs(
+    rows: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]],
+) -> dict[str, Sequence[Mapping[str, Any]]]:
+    return dict(rows) if isinstance(rows, Mapping) else {"": rows}
+
+
+def action_timeline_figure(
+    rows: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]],
     title: str | None = None,
-) -> Path:
-    """Which configuration was chosen when, against held-out loss and bandwidth.
+    target_loss: float | None = None,
+) -> Any:
+    """The figure of :func:`action_timeline_plot`, not yet saved (its data can be read).
 
-    Three stacked panels sharing the x axis (training time, s; episodes are laid end to
-    end, with dotted lines at episode boundaries): the chosen configuration as a
-    categorical step plot, ``eval_loss`` (log scale when positive), and the measured
-    bandwidth ``bytes * 8 / comm time`` in Gbit/s (``bytes_total / comm_s`` when
-    present, else ``bytes_per_step / comm_wait_s``).
-
-    Args:
-        rows: one dict per decision, e.g. :attr:`TrackingWrapper.rows
-            <commgym.experiments.tracking.TrackingWrapper>` or ``decisions.csv`` read
-            with ``csv.DictReader``; keys used: ``train_time_s`` (cumulative in the
-            episode), ``config``, ``eval_loss``, ``bytes_total``/``comm_s`` or
-            ``bytes_per_step``/``comm_wait_s``. Missing or non-numeric values are NaN.
-        path: output PNG path (parent directories are created).
-        title: figure title.
-
-    Returns:
-        The PNG path.
+    Axes ``fig.axes[0:3]``: configuration, held-out loss, effective bandwidth; each run
+    is one line per panel: ``ax.lines[:n_runs]`` in run order (episode boundaries and the
+    loss panel's target line come after them).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    x, boundaries = _training_time(rows)
-    configs = [str(r.get("config")) if r.get("config") is not None else "?" for r in rows]
-    levels = list(dict.fromkeys(configs))
-    y_cfg = np.array([levels.index(c) for c in configs], dtype=np.float64)
-    loss = np.array([_num(r.get("eval_loss")) for r in rows], dtype=np.float64)
-    bw = np.array([_bandwidth_gbps(r) for r in rows], dtype=np.float64)
-
+    runs = _as_runs(rows)
+    configs_by_run = {
+        k: [str(r.get("config")) if r.get("config") is not None else "?" for r in v]
+        for k, v in runs.items()
+    }
+    levels = list(dict.fromkeys(c for cs in configs_by_run.values() for c in cs))
     fig = _figure(figsize=(8.0, 2.0 + 0.25 * len(levels) + 4.0))
     axes = fig.subplots(
         3,
@@ -223,30 +242,126 @@ def action_timeline_plot(
         gridspec_kw={"height_ratios": [max(1.0, 0.3 * len(levels)), 1.0, 1.0]},
     )
     ax_cfg, ax_loss, ax_bw = axes
-    if len(rows):
-        ax_cfg.step(x, y_cfg, where="post", color="0.5", lw=1)
-        colors = [f"C{levels.index(c) % 10}" for c in configs]
-        ax_cfg.scatter(x, y_cfg, c=colors, s=18, zorder=3)
+    episode_starts: list[tuple[float, str]] = []
+    for i, (label, run) in enumerate(runs.items()):
+        x, boundaries = _training_time(run)
+        color = f"C{i % 10}"
+        y_cfg = np.array([levels.index(c) for c in configs_by_run[label]], dtype=np.float64)
+        loss = np.array([_num(r.get("eval_loss")) for r in run], dtype=np.float64)
+        bw = np.array([_bandwidth_gbps(r) for r in run], dtype=np.float64)
+        # runs are offset a little on the categorical axis so overlapping choices stay visible
+        offset = 0.08 * (i - (len(runs) - 1) / 2) if len(runs) > 1 else 0.0
+        ax_cfg.step(x, y_cfg + offset, where="post", color=color, lw=1, label=label or None)
+        ax_cfg.scatter(x, y_cfg + offset, color=color, s=14, zorder=3)
+        ax_loss.plot(x, loss, marker=".", color=color, label=label or None)
+        ax_bw.plot(x, bw, marker=".", color=color)
+        episode_starts.extend((b, color) for b in boundaries)
+    for ax in axes:
+        for b, color in episode_starts:
+            ax.axvline(b, color=color, ls=":", lw=0.8)
     ax_cfg.set_yticks(range(len(levels)))
     ax_cfg.set_yticklabels(levels, fontsize=8)
     ax_cfg.set_ylim(-0.5, max(len(levels), 1) - 0.5)
     ax_cfg.set_ylabel("configuration")
-
-    ax_loss.plot(x, loss, marker=".", color="C3")
-    finite = loss[np.isfinite(loss)]
+    if target_loss is not None:
+        ax_loss.axhline(target_loss, color="k", ls="--", lw=1, label=f"target {target_loss:g}")
+    finite = np.array(
+        [_num(r.get("eval_loss")) for run in runs.values() for r in run], dtype=np.float64
+    )
+    finite = finite[np.isfinite(finite)]
     if finite.size and (finite > 0).all():
         ax_loss.set_yscale("log")
     ax_loss.set_ylabel("eval loss (nats)")
-
-    ax_bw.plot(x, bw, marker=".", color="C2")
-    ax_bw.set_ylabel("bandwidth (Gbit/s)")
+    if len(runs) > 1 or target_loss is not None:
+        ax_loss.legend(loc="best", fontsize=7)
+    ax_bw.set_ylabel("effective bandwidth\n(Gbit/s)")
     ax_bw.set_xlabel("training time (s)")
     for ax in axes:
-        for b in boundaries:
-            ax.axvline(b, color="k", ls=":", lw=0.8)
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def action_timeline_plot(
+    rows: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]],
+    path: str | os.PathLike[str],
+    title: str | None = None,
+    target_loss: float | None = None,
+) -> Path:
+    """Which configuration was chosen when, against held-out loss and bandwidth.
+
+    Three stacked panels sharing the x axis (training time, s; a run's episodes are laid
+    end to end, with dotted lines at episode boundaries): the chosen configuration as a
+    categorical step plot, ``eval_loss`` (log scale when positive) with the target as a
+    dashed line, and the effective bandwidth ``bytes_total * 8 / comm_s`` in Gbit/s
+    (:func:`commgym.env.spaces.effective_bandwidth_gbps`, the observation's definition).
+    Several runs (e.g. one per seed) are drawn over each other, one colour each.
+
+    Args:
+        rows: one dict per decision, e.g. :attr:`TrackingWrapper.rows
+            <commgym.experiments.tracking.TrackingWrapper>` or ``decisions.csv`` read
+            with ``csv.DictReader``; or a mapping run label (``"seed 1000"``) -> such
+            rows. Keys used: ``train_time_s`` (cumulative in the episode), ``config``,
+            ``eval_loss``, ``bytes_total`` and ``comm_s``. Missing or non-numeric values
+            are NaN.
+        path: output PNG path (parent directories are created).
+        title: figure title.
+        target_loss: held-out loss drawn as the target line (``None``: none).
+
+    Returns:
+        The PNG path.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    action_timeline_figure(rows, title, target_loss).savefig(path, dpi=100)
+    return path
+
+
+def loss_curves_plot(
+    runs: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]],
+    path: str | os.PathLike[str],
+    *,
+    target_loss: float | None = None,
+    title: str | None = None,
+) -> Path:
+    """Held-out loss against training time, every seed of every agent overlaid.
+
+    One colour per agent, one line per seed (the first labelled), the target as a dashed
+    line: where the curves cross it is each agent's time to target.
+
+    Args:
+        runs: agent name -> one list of decision rows per seed (keys ``train_time_s``,
+            ``eval_loss``).
+        path: output PNG path (parent directories are created).
+        target_loss: held-out loss drawn as the target line (``None``: none).
+        title: figure title.
+
+    Returns:
+        The PNG path.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = _figure(figsize=(8.0, 4.5))
+    ax = fig.subplots()
+    positive = True
+    for i, (name, seeds) in enumerate(runs.items()):
+        for j, rows in enumerate(seeds):
+            x = np.array([_num(r.get("train_time_s")) for r in rows], dtype=np.float64)
+            y = np.array([_num(r.get("eval_loss")) for r in rows], dtype=np.float64)
+            fin = y[np.isfinite(y)]
+            positive &= bool((fin > 0).all())
+            ax.plot(x, y, color=f"C{i % 10}", lw=1.2, alpha=0.8, label=name if j == 0 else None)
+    if target_loss is not None:
+        ax.axhline(target_loss, color="k", ls="--", lw=1, label=f"target {target_loss:g}")
+    if positive:
+        ax.set_yscale("log")
+    ax.set_xlabel("training time (s)")
+    ax.set_ylabel("held-out loss (nats)")
+    ax.set_title(title or "held-out loss vs training time (one line per seed)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path

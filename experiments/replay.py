@@ -54,6 +54,23 @@ class _TimedPolicy:
         return out
 
 
+def _replay_one(
+    env: Any, agent: Any, seed: int, label: str, target: float | None, budget_s: float
+) -> EpisodeResult:
+    """One full run under a progress bar counted in training seconds of the budget."""
+    from commgym.experiments.progress import phase
+
+    done = [0.0]
+
+    def tick(info: dict[str, Any]) -> None:
+        t = float(info.get("train_time_s", done[0]))
+        adv(max(t - done[0], 0.0))
+        done[0] = max(t, done[0])
+
+    with phase(f"replaying {label} (seed {seed})", budget_s, unit="s of training") as adv:
+        return run_episode(env, agent, seed, label, target, on_step=tick)
+
+
 def replay(
     policy: str | Path,
     *,
@@ -98,7 +115,7 @@ def replay(
     import commgym.env  # noqa: F401 - registers the env
     from commgym.agents import load_agent, make_agent
     from commgym.experiments.config import RunConfig
-    from commgym.experiments.train import _print_table
+    from commgym.experiments.train import _print_table, _start_ranks
 
     env_kw: dict[str, Any] = {
         "workload": workload,
@@ -109,6 +126,10 @@ def replay(
         "target_loss": target_loss,
         "seed": seed,
     }
+    if target_loss is not None:
+        # the return then ranks agents by time to target, as the table's own column does;
+        # the default log_progress return rewards slow configurations once loss plateaus
+        env_kw["reward"] = "time_to_target"
     if steps is not None:
         env_kw["max_decisions"] = max(1, math.ceil(steps / steps_per_decision))
     # validates every name and env field with the messages `commgym train` gives
@@ -124,12 +145,17 @@ def replay(
         agents: dict[str, Any] = {label: timed}
         for name in baselines:
             agents[name] = make_agent(name, env.unwrapped, seed=seed)
+        _start_ranks(cfg, env)  # says which network the ranks run on
         for label, a in agents.items():
-            console.print(f"replaying [bold]{label}[/bold] (seed {seed}) ...")
-            results[label] = run_episode(env, a, seed, label, target_loss)
+            results[label] = _replay_one(env, a, seed, label, target_loss, time_budget_s)
     finally:
         env.close()
-    _print_table({k: [v] for k, v in results.items()}, cfg)
+    _print_table({k: [v] for k, v in results.items()}, cfg, show_return=target_loss is not None)
+    if target_loss is None:
+        console.print(
+            "no --target-loss: runs went to the time budget, so no time to target and no "
+            "return are shown; compare final loss, or set --target-loss (e.g. 0.2 for mlp-digits)"
+        )
     for label, res in results.items():
         configs = [r["config"] for r in res.rows]
         changes = sum(a != b for a, b in itertools.pairwise(configs))

@@ -11,6 +11,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,15 +19,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import yaml
-from rich.console import Console
 from rich.table import Table
 
+from commgym.env.spaces import effective_bandwidth_gbps
 from commgym.experiments.config import RunConfig
+from commgym.experiments.progress import console, phase
 
 __all__ = ["EpisodeResult", "evaluate", "run_episode", "train"]
-
-# Wide enough for the comparison table when output is piped or captured (no terminal).
-console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 @dataclass
@@ -53,7 +52,12 @@ def _make_env(cfg: RunConfig) -> gym.Env:
 
 
 def run_episode(
-    env: gym.Env, agent: Any, seed: int, name: str, target_loss: float | None
+    env: gym.Env,
+    agent: Any,
+    seed: int,
+    name: str,
+    target_loss: float | None,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
 ) -> EpisodeResult:
     """Run one episode with ``agent.predict(obs, deterministic=True)``.
 
@@ -63,6 +67,7 @@ def run_episode(
         seed: episode seed (identical for every compared agent).
         name: label of the agent.
         target_loss: held-out loss whose first crossing defines time-to-target.
+        on_step: called with each step's ``info`` (progress display).
 
     Returns:
         The :class:`EpisodeResult` (failures end the episode with ``reason="failure"``).
@@ -84,6 +89,8 @@ def run_episode(
         episode_start = np.array([False])
         obs, reward, terminated, truncated, info = env.step(action)
         done = terminated or truncated
+        if on_step is not None:
+            on_step(info)
         total += float(reward)
         reason = info.get("reason")
         m = info.get("measured")
@@ -102,10 +109,10 @@ def run_episode(
                 "config": info["config"],
                 "eval_loss": loss,
                 "bytes_per_step": float(m["bytes_per_step"]),
+                "bytes_total": float(m["bytes_total"]),
                 "comm_s": float(m["comm_s"]),
-                "bandwidth_gbps": float(m["bytes_total"]) * 8 / float(m["comm_s"]) / 1e9
-                if float(m["comm_s"]) > 0
-                else 0.0,
+                "comm_wait_s": float(m["comm_wait_s"]),
+                "bandwidth_gbps": effective_bandwidth_gbps(m["bytes_total"], m["comm_s"]),
                 "reward": float(reward),
             }
         )
@@ -124,48 +131,73 @@ def run_episode(
     )
 
 
-def _ci95(values: list[float]) -> tuple[float, float]:
-    """Mean and 95 % half-width over seeds (``plots.mean_ci``); half-width 0 for one seed."""
+def _mean_pm(values: list[float], fmt: str) -> str:
+    """``mean ± 95 % half-width``; just the mean for one seed (no interval exists)."""
     from commgym.experiments.plots import mean_ci
 
     mean, half, n = mean_ci(values)
-    return mean, (0.0 if n == 1 else half)
+    if not math.isfinite(mean):
+        return "-"
+    return f"{mean:{fmt}}" if n < 2 else f"{mean:{fmt}} ± {half:{fmt}}"
 
 
-def _print_table(results: dict[str, list[EpisodeResult]], cfg: RunConfig) -> Table:
+def network_label(network: Any) -> str:
+    """How a table title names the network: the spec, or ``loopback (unshaped)``."""
+    if network is None:
+        return "loopback (unshaped)"
+    if isinstance(network, str):
+        return f"emulated {network}"
+    return f"emulated {network!r}"
+
+
+def _print_table(
+    results: dict[str, list[EpisodeResult]], cfg: RunConfig, *, show_return: bool = True
+) -> Table:
     budget = cfg.env.get("time_budget_s", "default")
     target = cfg.env.get("target_loss")
-    goal = f", target held-out loss {target}" if target is not None else ""
+    goal = f", target held-out loss {target}" if target is not None else ", no target loss"
+    seeds = max((len(v) for v in results.values()), default=0)
+    stat = "mean ± 95% CI" if seeds > 1 else "one seed: no interval"
     table = Table(
         title=f"{cfg.env.get('workload', 'mlp-digits')}, {cfg.env.get('world_size', 2)} ranks, "
-        f"{cfg.episodes} seeds, training budget {budget} s per episode{goal} (mean ± 95% CI)"
+        f"{network_label(cfg.env.get('network'))}, {seeds} seed{'s' if seeds != 1 else ''}, "
+        f"training budget {budget} s per episode{goal} ({stat})"
     )
-    for col in (
-        "agent",
-        _return_label(cfg),
-        "final eval loss",
-        "accuracy",
-        "bytes/step",
-        "time to target s",
-        "decisions",
-    ):
+    cols = ["agent", _return_label(cfg), "final eval loss", "accuracy", "bytes/step"]
+    cols += ["time to target s", "decisions"]
+    if not show_return:
+        cols.remove(_return_label(cfg))
+    for col in cols:
         table.add_column(col, justify="left" if col == "agent" else "right")
     for name, eps in results.items():
-        ret = _ci95([e.episode_return for e in eps])
-        loss = _ci95([e.final_eval_loss for e in eps])
-        acc = _ci95([e.final_eval_acc for e in eps])
+        acc = statistics.fmean(e.final_eval_acc for e in eps)
         ttt = [e.time_to_target_s for e in eps if e.time_to_target_s is not None]
+        if target is None:
+            reached = "no target"
+        elif ttt:
+            reached = f"{statistics.fmean(ttt):.2f} ({len(ttt)}/{len(eps)})"
+        else:
+            reached = f"not reached (0/{len(eps)})"
+        ret = [_mean_pm([e.episode_return for e in eps], ".3f")] if show_return else []
         table.add_row(
             name,
-            f"{ret[0]:.3f} ± {ret[1]:.3f}",
-            f"{loss[0]:.4f} ± {loss[1]:.4f}",
-            f"{acc[0]:.3f}" if math.isfinite(acc[0]) else "-",
+            *ret,
+            _mean_pm([e.final_eval_loss for e in eps], ".4f"),
+            f"{acc:.3f}" if math.isfinite(acc) else "-",
             f"{statistics.fmean(e.bytes_per_step for e in eps):,.0f}",
-            f"{statistics.fmean(ttt):.2f} ({len(ttt)}/{len(eps)})" if ttt else "not reached",
+            reached,
             f"{statistics.fmean(e.decisions for e in eps):.1f}",
         )
     console.print(table)
     return table
+
+
+def _evaluation_phase(cfg: RunConfig, runs: int, what: str) -> Any:
+    """Progress over ``runs`` episodes, counted in training seconds of the budget."""
+    budget = float(cfg.env.get("time_budget_s", 0) or 0)
+    if budget > 0 and math.isfinite(budget):
+        return phase(what, runs * budget, unit="s of training")
+    return phase(what, runs, unit="episodes")
 
 
 def _compare(
@@ -175,49 +207,87 @@ def _compare(
     tracker: Any,
     parent_id: str | None,
     out: Path,
-) -> tuple[dict[str, list[EpisodeResult]], Path]:
-    from commgym.experiments.plots import action_timeline_plot, comparison_plot
+) -> tuple[dict[str, list[EpisodeResult]], list[Path]]:
+    """Every agent on the same seeds on real ranks; returns results and the figures."""
+    from commgym.experiments.plots import (
+        action_timeline_plot,
+        comparison_plot,
+        loss_curves_plot,
+    )
     from commgym.experiments.tracking import TrackingWrapper
 
     target = cfg.env.get("target_loss")
     results: dict[str, list[EpisodeResult]] = {}
-    for name, agent in agents.items():
-        results[name] = []
-        for i in range(cfg.episodes):
-            seed = cfg.eval_seed + i
-            with tracker.start_run(
-                f"eval-{name}-seed{seed}",
-                params={"agent": name, "seed": seed},
-                tags={"commgym.role": "evaluation"},
-                parent_run_id=parent_id,
-            ) as run:
-                wrapped = TrackingWrapper(env, run)
-                res = run_episode(wrapped, agent, seed, name, target)
-                csv = out / f"decisions-{_slug(name)}-seed{seed}.csv"
-                wrapped.write_csv(csv)
-                run.log_artifact(csv)
-                run.log_metrics(
-                    {
-                        "eval/return": res.episode_return,
-                        "eval/final_eval_loss": res.final_eval_loss,
-                        "eval/final_eval_acc": res.final_eval_acc,
-                        "eval/bytes_per_step": res.bytes_per_step,
-                        "eval/decisions": res.decisions,
-                    },
-                    step=0,
-                )
-                if i == 0 and res.rows:
-                    png = action_timeline_plot(
-                        res.rows, out / f"timeline-{_slug(name)}.png", title=f"{name}, seed {seed}"
+    figures: list[Path] = []
+    runs = len(agents) * cfg.episodes
+    with _evaluation_phase(cfg, runs, f"evaluating {len(agents)} agents on real ranks") as adv:
+        by_time = float(cfg.env.get("time_budget_s", 0) or 0) > 0
+        for name, agent in agents.items():
+            results[name] = []
+            for i in range(cfg.episodes):
+                seed = cfg.eval_seed + i
+                done_s = [0.0]
+
+                def tick(info: dict[str, Any], done_s: list[float] = done_s) -> None:
+                    if by_time:
+                        t = float(info.get("train_time_s", done_s[0]))
+                        adv(max(t - done_s[0], 0.0))
+                        done_s[0] = max(t, done_s[0])
+
+                with tracker.start_run(
+                    f"eval-{name}-seed{seed}",
+                    params={"agent": name, "seed": seed},
+                    tags={"commgym.role": "evaluation"},
+                    parent_run_id=parent_id,
+                ) as run:
+                    wrapped = TrackingWrapper(env, run)
+                    res = run_episode(wrapped, agent, seed, name, target, on_step=tick)
+                    csv = out / f"decisions-{_slug(name)}-seed{seed}.csv"
+                    wrapped.write_csv(csv)
+                    run.log_artifact(csv)
+                    run.log_metrics(
+                        {
+                            "eval/return": res.episode_return,
+                            "eval/final_eval_loss": res.final_eval_loss,
+                            "eval/final_eval_acc": res.final_eval_acc,
+                            "eval/bytes_per_step": res.bytes_per_step,
+                            "eval/decisions": res.decisions,
+                            "eval/time_to_target_s": res.time_to_target_s,
+                        },
+                        step=0,
                     )
-                    run.log_artifact(png)
-                results[name].append(res)
-    comp = comparison_plot(
-        {n: [e.episode_return for e in r] for n, r in results.items()},
-        _return_label(cfg),
-        out / "comparison.png",
+                    results[name].append(res)
+                # an episode that ended early (target, failure) finishes its share
+                adv(float(cfg.env["time_budget_s"]) - done_s[0] if by_time else 1.0)
+    for name, eps in results.items():
+        if any(e.rows for e in eps):
+            figures.append(
+                action_timeline_plot(
+                    {f"seed {e.seed}": e.rows for e in eps},
+                    out / f"timeline-{_slug(name)}.png",
+                    title=f"{name}, {network_label(cfg.env.get('network'))}",
+                    target_loss=target,
+                )
+            )
+    panels: dict[str, dict[str, list[float]]] = {
+        _return_label(cfg): {n: [e.episode_return for e in r] for n, r in results.items()}
+    }
+    if target is not None:  # seeds that never reached the target are left out (n= says so)
+        panels["time to target (s)"] = {
+            n: [math.nan if e.time_to_target_s is None else e.time_to_target_s for e in r]
+            for n, r in results.items()
+        }
+    panels["bytes per step (B)"] = {n: [e.bytes_per_step for e in r] for n, r in results.items()}
+    figures.append(comparison_plot(panels, None, out / "comparison.png"))
+    figures.append(
+        loss_curves_plot(
+            {n: [e.rows for e in r] for n, r in results.items()},
+            out / "loss-curves.png",
+            target_loss=target,
+            title=f"held-out loss vs training time, {network_label(cfg.env.get('network'))}",
+        )
     )
-    return results, comp
+    return results, figures
 
 
 def _return_label(cfg: RunConfig) -> str:
@@ -243,10 +313,33 @@ def _parent_params(cfg: RunConfig, extra: dict[str, Any]) -> dict[str, Any]:
 def _announce(tracker: Any) -> None:
     from commgym.experiments.tracking import ui_command
 
+    if not tracker.enabled:
+        console.print(f"MLflow tracking is off: {tracker.tracking_uri} could not be opened")
+        return
     console.print(f"MLflow tracking URI: [bold]{tracker.tracking_uri}[/bold]")
     console.print(
         f"open the UI with:    [bold]{ui_command(tracker.tracking_uri)}[/bold]  (or: commgym ui)"
     )
+
+
+def _start_ranks(cfg: RunConfig, env: gym.Env) -> None:
+    """Launch the ranks (first reset) under a spinner; say what network they run on."""
+    world = cfg.env.get("world_size", 2)
+    network = cfg.env.get("network")
+    where = "on an emulated network" if network is not None else "on loopback"
+    with phase(f"starting {world} ranks with torchrun {where}"):
+        env.reset(seed=cfg.seed)
+    net = getattr(env.unwrapped, "network", None)
+    if net is not None:
+        d = net.describe()
+        shaped = d["effective_spec"]
+        note = "" if shaped == d["spec"] else f" (applied: {shaped}; the rest needs sch_netem)"
+        console.print(
+            f"network: emulated [bold]{d['spec']}[/bold]{note}, {d['world_size']} Linux network "
+            f"namespaces ({d['name']}*) on one bridge, every link shaped with tc {d['backend']}"
+        )
+    elif network is None:
+        console.print("network: loopback, unshaped (--network emulates one; needs root)")
 
 
 def train(cfg: RunConfig) -> dict[str, list[EpisodeResult]]:
@@ -286,20 +379,23 @@ def train(cfg: RunConfig) -> dict[str, list[EpisodeResult]]:
             (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             parent.log_artifact(out / "config.yaml")
             parent.log_text(" ".join(sys.argv), "command_line.txt")
+            _start_ranks(cfg, env)
             if cfg.env_kind == "surrogate":
                 path = cfg.surrogate or _collect_and_fit(cfg, env, parent, out)
                 surrogate = _make_surrogate_env(cfg, path)
-            learn_env = TrackingWrapper(surrogate if surrogate is not None else env, parent)
+            # the parent run holds the learning curve; per-decision metrics live in the
+            # evaluation children (20,000 decisions x 14 metrics filled ~80 MB of mlflow.db)
+            learn_env = TrackingWrapper(
+                surrogate if surrogate is not None else env, parent, log_decisions=False
+            )
             agent = make_agent(cfg.agent, learn_env, seed=cfg.seed, **cfg.agent_kwargs)
             parent.log_params(
                 _parent_params(cfg, {f"agent.{k}": v for k, v in agent.hyperparams.items()})
             )
             t0 = time.perf_counter()
-            console.print(
-                f"training [bold]{cfg.agent}[/bold] for {cfg.timesteps} decisions on "
-                + ("the surrogate ..." if surrogate is not None else "real ranks ...")
-            )
-            agent.learn(cfg.timesteps, progress_bar=True)
+            where = "the surrogate" if surrogate is not None else "real ranks"
+            with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
+                agent.learn(cfg.timesteps, callback=lambda _: adv(1))
             learn_s = time.perf_counter() - t0
             learn_env.write_csv(out / "learning-decisions.csv")
             parent.log_artifact(out / "learning-decisions.csv")
@@ -316,6 +412,7 @@ def train(cfg: RunConfig) -> dict[str, list[EpisodeResult]]:
         env.close()
         if surrogate is not None:
             surrogate.close()
+    console.print(f"figures and CSVs: [bold]{out}/[/bold] (comparison.png, loss-curves.png, ...)")
     _announce(tracker)
     return results
 
@@ -330,16 +427,24 @@ def _collect_and_fit(cfg: RunConfig, env: gym.Env, run: Any, out: Path) -> Path:
     """Record ``cfg.surrogate_decisions`` real decisions, fit the surrogate; log both."""
     from commgym.experiments.collect import fit_surrogate, record_dataset
 
-    console.print(
-        f"collecting {cfg.surrogate_decisions} real decisions for the surrogate "
-        "(sticky random exploration) ..."
-    )
-    data, bench, collect_s = record_dataset(
-        env, out / "transitions.csv", cfg.surrogate_decisions, "sticky", cfg.seed, run=run
-    )
+    with phase(
+        "recording real decisions for the surrogate (sticky random exploration)",
+        cfg.surrogate_decisions,
+        unit="decisions",
+    ) as adv:
+        data, bench, collect_s = record_dataset(
+            env,
+            out / "transitions.csv",
+            cfg.surrogate_decisions,
+            "sticky",
+            cfg.seed,
+            run=run,
+            on_step=lambda: adv(1),
+        )
     t0 = time.perf_counter()
     path = out / "surrogate.joblib"
-    fit_surrogate([data], path, bench=bench, menu=cfg.env.get("action_menu"))
+    with phase("fitting the surrogate (alpha-beta prior + gradient boosting)"):
+        fit_surrogate([data], path, bench=bench, menu=cfg.env.get("action_menu"))
     run.log_artifact(path)
     console.print(
         f"recorded in {collect_s:.1f} s; surrogate fitted -> [bold]{path}[/bold] "
@@ -382,28 +487,40 @@ def _compare_with_baselines(
     agents = {name: agent}
     for b in cfg.baselines:
         agents[b] = _baseline(b, env, cfg)
-    results, comp = _compare(cfg, env, agents, tracker, parent.run_id, out)
-    parent.log_artifact(comp)
+    results, figures = _compare(cfg, env, agents, tracker, parent.run_id, out)
+    for fig in figures:
+        parent.log_artifact(fig)
     _print_table(results, cfg)
     _log_summary(parent, results)
     return results
 
 
 def _baseline(name: str, env: gym.Env, cfg: RunConfig) -> Any:
-    """Build a baseline agent; tuners (bayesopt, grid, bandit) tune first on the env."""
+    """Build a baseline agent; tuners (bayesopt, grid, bandit, ...) tune first on the env.
+
+    A tuner gets ``cfg.resolved_tuning_decisions`` real decisions (by default as many as
+    the learned agent saw on real ranks); their wall time is printed as its tuning cost.
+    """
     from commgym.agents import make_agent
 
     agent = make_agent(name, env, seed=cfg.seed)
     if not name.startswith("static:") and name not in ("random",):
+        n = cfg.resolved_tuning_decisions
         t0 = time.perf_counter()
-        agent.learn(max(cfg.timesteps // 2, 8))
-        console.print(f"baseline {name} tuned for {time.perf_counter() - t0:.1f} s (tuning cost)")
+        with phase(f"tuning baseline {name} on real ranks", n, unit="decisions") as adv:
+            agent.learn(n, callback=lambda _: adv(1))
+        console.print(
+            f"baseline {name} tuned on {n} real decisions in {time.perf_counter() - t0:.1f} s "
+            "(tuning cost; set with --tuning-decisions)"
+        )
     return agent
 
 
 def _log_summary(run: Any, results: dict[str, list[EpisodeResult]]) -> None:
+    from commgym.experiments.plots import mean_ci
+
     for i, (name, eps) in enumerate(results.items()):
-        mean, half = _ci95([e.episode_return for e in eps])
+        mean, half, _ = mean_ci([e.episode_return for e in eps])
         run.log_metrics(
             {
                 f"compare/{_slug(name)}/return_mean": mean,
@@ -420,25 +537,31 @@ def evaluate(cfg: RunConfig, policy: str | Path) -> dict[str, list[EpisodeResult
     """Compare a saved policy with ``cfg.baselines`` over ``cfg.episodes`` seeds.
 
     Raises:
-        ValueError: the policy was trained for a different action menu / observation layout.
+        FileNotFoundError: the policy file does not exist.
+        ValueError: the file is not a commgym policy, or it was trained for a different
+            action menu / observation layout (checked before anything is created).
     """
     from commgym.agents import load_agent
+    from commgym.agents.base import read_policy_json
     from commgym.experiments.tracking import Tracker
 
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tracker = Tracker(cfg.tracking_uri, experiment=cfg.experiment)
-    _announce(tracker)
-    env = _make_env(cfg)
+    read_policy_json(policy)  # missing or garbage files fail before anything is created
+    env = _make_env(cfg)  # starts no ranks yet
     try:
-        agent = load_agent(policy, env=env)
+        agent = load_agent(policy, env=env)  # layout checked before anything is created
+        out = Path(cfg.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        tracker = Tracker(cfg.tracking_uri, experiment=cfg.experiment)
+        _announce(tracker)
         with tracker.start_run("evaluate", tags={"commgym.command": "evaluate"}) as parent:
             parent.log_params(_parent_params(cfg, {"policy": str(policy)}))
             parent.log_artifact(Path(policy))
+            _start_ranks(cfg, env)
             results = _compare_with_baselines(
                 cfg, env, f"policy ({Path(policy).name})", agent, tracker, parent, out
             )
     finally:
         env.close()
+    console.print(f"figures and CSVs: [bold]{out}/[/bold] (comparison.png, loss-curves.png, ...)")
     _announce(tracker)
     return results

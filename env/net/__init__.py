@@ -57,7 +57,7 @@ can be emulated.
 """
 
 from commgym.env.net.emulated import EmulatedNetwork
-from commgym.env.net.host import delay_available, netem_available
+from commgym.env.net.host import delay_available, netem_available, tbf_burst_bytes
 from commgym.env.net.records import cleanup_leftovers
 from commgym.env.net.spec import PROFILES, NetworkSchedule, NetworkSpec, choose_profile
 
@@ -70,4 +70,5 @@ __all__ = [
     "cleanup_leftovers",
     "delay_available",
     "netem_available",
+    "tbf_burst_bytes",
 ]

@@ -14,13 +14,13 @@ import weakref
 from pathlib import Path
 
 from commgym.env.net.host import (
-    _HZ,
     _PREFIX_RE,
     _STATE_DIR,
     _check_privileges,
     _check_tools,
     _probe,
     _run,
+    tbf_burst_bytes,
 )
 from commgym.env.net.records import _pick_subnet, _proc_start_time, _state_lock
 from commgym.env.net.spec import NetworkSpec
@@ -334,8 +334,7 @@ class EmulatedNetwork:
         _run(["ip", "-n", ns, "link", "set", p, "up"])
 
     def _tbf_args(self, spec: NetworkSpec) -> list[str]:
-        rate_bytes = spec.rate_bit_s / 8
-        burst = int(max(rate_bytes / _HZ, 128 * 1024, 10 * self.mtu))
+        burst = tbf_burst_bytes(spec.rate_bit_s, self.mtu)
         return ["tbf", "rate", f"{spec.rate_bit_s}bit", "burst", str(burst), "latency", "10ms"]
 
     def _netem_args(self, spec: NetworkSpec) -> list[str]:

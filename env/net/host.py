@@ -22,6 +22,17 @@ _CMD_TIMEOUT_S = 15.0
 _HZ = 250
 
 
+def tbf_burst_bytes(rate_bit_s: float, mtu: int = 1500) -> int:
+    """Token-bucket depth of each shaped link, bytes (see the package docstring).
+
+    A transfer shorter than this passes at the sender's own speed once the bucket has
+    refilled (``burst * 8 / rate`` seconds idle), which is why a per-decision bandwidth
+    can read above the configured rate; over a window of ``t`` seconds a link carries at
+    most ``rate * t / 8 + burst`` bytes.
+    """
+    return int(max(rate_bit_s / 8 / _HZ, 128 * 1024, 10 * mtu))
+
+
 def _effective_caps() -> int:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():

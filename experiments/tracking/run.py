@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 class RunLogger:
     """Logs to one MLflow run; a context manager that ends the run.
 
-    Leaving the ``with`` block ends the run ``FINISHED`` (``FAILED`` when an exception
-    escapes it; the exception is re-raised). All methods are thread-safe and never raise
+    Leaving the ``with`` block ends the run ``FINISHED`` (``KILLED`` when a
+    ``KeyboardInterrupt`` escapes it, ``FAILED`` for any other exception; the exception
+    is re-raised). All methods are thread-safe and never raise
     on store failures (they warn once per kind of failure and continue). A logger whose
     :attr:`run_id` is ``None`` (disabled tracker) accepts every call and records nothing.
 
@@ -74,7 +75,10 @@ class RunLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.end("FAILED" if exc_type is not None else "FINISHED")
+        if exc_type is None:
+            self.end("FINISHED")
+        else:  # Ctrl-C, and SIGTERM/SIGHUP through the CLI's handler, are interruptions
+            self.end("KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED")
 
     # -- params and tags ----------------------------------------------------------------
     def log_params(self, params: Mapping[str, Any]) -> None:

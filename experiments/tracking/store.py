@@ -41,6 +41,10 @@ LOCK_RETRIES = 12
 #: set the variables): fail within seconds instead of MLflow's minutes of back-off.
 HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 
+#: Experiment tags: MLflow 3's UI opens an untagged experiment in its GenAI view (traces,
+#: prompts); ``custom_model_development`` opens the model-training view (runs, charts).
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+
 _ENV_LOCK = threading.RLock()
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -305,10 +309,13 @@ class Tracker:
                     exp = self.client.get_experiment_by_name(self.experiment)
                     if exp is not None:
                         self.experiment_id = exp.experiment_id
+                        self._mark_kind(exp.tags)
                         return
                     try:
                         self.experiment_id = self.client.create_experiment(
-                            self.experiment, artifact_location=self._artifact_location()
+                            self.experiment,
+                            artifact_location=self._artifact_location(),
+                            tags=EXPERIMENT_TAGS,
                         )
                         return
                     except MlflowException:
@@ -327,6 +334,12 @@ class Tracker:
                 time.sleep(min(1.0, 0.05 * 2**attempt) * (0.5 + random.random()))
         assert last is not None
         raise last
+
+    def _mark_kind(self, tags: Mapping[str, str]) -> None:
+        """Tag an experiment created before :data:`EXPERIMENT_TAGS` existed (once)."""
+        for key, value in EXPERIMENT_TAGS.items():
+            if key not in tags:
+                self.client.set_experiment_tag(self.experiment_id, key, value)
 
     def _artifact_location(self) -> str | None:
         if self.tracking_uri.startswith("sqlite:///"):

@@ -65,15 +65,26 @@ class TrackingWrapper(gym.Wrapper):
     them as artifact ``decisions.csv`` (or call :meth:`write_csv`). It reads only
     ``info`` and the action. Logging problems never raise out of ``step``.
 
+    With ``log_decisions=False`` only the learning curve is logged: ``episode/return``
+    and ``episode/length`` with ``step`` = decisions so far (timesteps), as SB3 plots
+    it. That is what a run over thousands of training decisions should hold: one metric
+    point per decision and metric (14 x 20,000 for the default ``commgym train``) made
+    the MLflow store ~80 MB and the charts unreadable; the rows (and so the CSV) are
+    kept either way.
+
     Args:
         env: the env (``AllReduceEnv`` or anything with the same ``info`` shape).
         run: where to log.
         prefix: prepended to every metric name (``"eval"`` gives ``eval/env/reward``).
+        log_decisions: log the per-decision metrics above (``False``: learning curve only).
     """
 
-    def __init__(self, env: gym.Env, run: RunLogger, prefix: str = "") -> None:
+    def __init__(
+        self, env: gym.Env, run: RunLogger, prefix: str = "", *, log_decisions: bool = True
+    ) -> None:
         super().__init__(env)
         self.run = run
+        self.log_decisions = bool(log_decisions)
         self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
         self.rows: list[dict[str, Any]] = []
         self.decisions = 0
@@ -133,7 +144,10 @@ class TrackingWrapper(gym.Wrapper):
             "action/bucket_mb": _scalar(act.get("bucket_mb")),
             "action/sync_period": _scalar(act.get("sync_period")),
         }
-        self.run.log_metrics({self.prefix + k: v for k, v in metrics.items()}, step=self.decisions)
+        if self.log_decisions:
+            self.run.log_metrics(
+                {self.prefix + k: v for k, v in metrics.items()}, step=self.decisions
+            )
 
         idx = _action_indices(action)
         row: dict[str, Any] = {
@@ -165,7 +179,7 @@ class TrackingWrapper(gym.Wrapper):
                     self.prefix + "episode/return": self._ep_return,
                     self.prefix + "episode/length": self._ep_length,
                 },
-                step=self.episodes,
+                step=self.episodes if self.log_decisions else self.decisions,
             )
             self.episodes += 1
             self._ep_return = 0.0

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 
-from commgym.experiments.plots import action_timeline_plot, comparison_plot, mean_ci
+from commgym.experiments.plots import (
+    action_timeline_figure,
+    action_timeline_plot,
+    comparison_plot,
+    loss_curves_plot,
+    mean_ci,
+)
 
 nan = float("nan")
 
@@ -58,9 +64,8 @@ def _rows():
                 "config": configs[i % 3],
                 "eval_loss": nan if i == 5 else 2.0 / (i + 1),
                 "bytes_per_step": 1e6 / (1 + i % 3),
-                "comm_wait_s": 0.0 if i == 3 else 0.01,
-                "bytes_total": None,
-                "comm_s": "",
+                "bytes_total": None if i == 2 else 1e7 / (1 + i % 3),
+                "comm_s": "" if i == 2 else (0.0 if i == 3 else 0.01),
             }
         )
     return rows
@@ -77,3 +82,52 @@ def test_action_timeline_plot_all_nan_and_csv_strings(tmp_path):
     ]
     _assert_png(action_timeline_plot(rows, tmp_path / "nan.png"))
     _assert_png(action_timeline_plot([], tmp_path / "empty.png"))
+
+
+def test_comparison_plot_several_panels(tmp_path):
+    panels = {
+        "return": {"ppo": [-0.1, -0.12], "ddp": [-0.2, -0.18]},
+        "time to target (s)": {"ppo": [0.2, nan], "ddp": [0.4, 0.35]},
+        "bytes per step (B)": {"ppo": [4e4, 4e4], "ddp": [1e5, 1e5]},
+    }
+    _assert_png(comparison_plot(panels, None, tmp_path / "panels.png"))
+    with pytest.raises(ValueError, match="empty"):
+        comparison_plot({"return": {}}, None, tmp_path / "x.png")
+
+
+def test_loss_curves_plot_with_target(tmp_path):
+    runs = {"ppo": [_rows()[:7], _rows()[7:]], "ddp": [_rows()]}
+    _assert_png(loss_curves_plot(runs, tmp_path / "loss.png", target_loss=0.3))
+
+
+def test_timeline_all_seeds_target_and_bandwidth_from_episode_rows():
+    """Rows exactly as ``run_episode`` returns them, from real ranks: every panel has data."""
+    import gymnasium as gym
+
+    import commgym.env  # noqa: F401 - registers the env
+    from commgym.agents import make_agent
+    from commgym.env.spaces import effective_bandwidth_gbps
+    from commgym.experiments.train import run_episode
+
+    env = gym.make(
+        "commgym/AllReduce-v0", workload="mlp-digits", world_size=2, steps_per_decision=2,
+        time_budget_s=0.3, max_decisions=3,
+    )  # fmt: skip
+    try:
+        agent = make_agent("static:ddp-default", env.unwrapped)
+        runs = {f"seed {s}": run_episode(env, agent, s, "ddp", 0.2).rows for s in (1, 2)}
+    finally:
+        env.close()
+    fig = action_timeline_figure(runs, "ddp", target_loss=0.2)
+    ax_cfg, ax_loss, ax_bw = fig.axes[:3]
+    for seed_index, rows in enumerate(runs.values()):
+        bw = np.asarray(ax_bw.lines[seed_index].get_ydata(), dtype=float)
+        expected = [effective_bandwidth_gbps(r["bytes_total"], r["comm_s"]) for r in rows]
+        assert len(bw) == len(rows) >= 1 and np.isfinite(bw).all() and (bw > 0).all()
+        np.testing.assert_allclose(bw, expected)
+        loss = np.asarray(ax_loss.lines[seed_index].get_ydata(), dtype=float)
+        np.testing.assert_allclose(loss, [r["eval_loss"] for r in rows])
+    # every seed is drawn, and the target is a horizontal line at 0.2
+    assert len(ax_cfg.lines) >= 2
+    target = [ln for ln in ax_loss.lines if ln.get_label() == "target 0.2"]
+    assert len(target) == 1 and set(target[0].get_ydata()) == {0.2}

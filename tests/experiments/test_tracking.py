@@ -401,3 +401,28 @@ def test_tracking_wrapper_prefix_and_noop_run(tmp_path):
     assert env.rows[0]["compression"] == "fp16"
     assert env.write_csv(tmp_path / "d.csv").exists()
     assert run.run_id is None and not (tmp_path / "never.db").exists()
+
+
+def test_interrupt_marks_run_killed_and_experiment_is_model_training(tracker):
+    with pytest.raises(KeyboardInterrupt), tracker.start_run("interrupted") as run:
+        raise KeyboardInterrupt
+    assert tracker.client.get_run(run.run_id).info.status == "KILLED"
+    exp = tracker.client.get_experiment(tracker.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_tracking_wrapper_learning_curve_only(tracker):
+    with tracker.start_run("learning") as run:
+        env = TrackingWrapper(FakeAllReduceEnv(), run, log_decisions=False)
+        env.reset(seed=0)
+        for _ in range(5):
+            _, _, term, trunc, _ = env.step(np.array([0, 2, 0]))
+            if term or trunc:
+                env.reset()
+        run.flush()
+    client = tracker.client
+    logged = set(client.get_run(run.run_id).data.metrics)
+    assert logged == {"episode/return", "episode/length"}, logged
+    # step = decisions so far when the episode ended (the learning curve's x axis)
+    assert [m.step for m in client.get_metric_history(run.run_id, "episode/length")] == [3]
+    assert len(env.rows) == 5  # the CSV keeps every decision

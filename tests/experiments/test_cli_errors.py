@@ -1,0 +1,130 @@
+"""Bad input on the command line: one ``error:`` line, exit 2, nothing created."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from commgym.agents import StaticAgent
+from commgym.agents.base import _LayoutEnv
+from commgym.env.spaces import ActionMenu
+from tests.experiments.cli_helpers import cli
+
+
+def _tree(root) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def _assert_one_line_exit_2(proc, *needles: str) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "garbage.zip").write_bytes(b"\x00garbage, not a zip")
+    return tmp_path
+
+
+CASES = {
+    "output-dir under a file": (
+        ["train", "--config", "smoke", "--output-dir", "a-file/out"],
+        ("--output-dir", "a-file", "not a folder"),
+    ),
+    "output-dir on a pseudo file system": (
+        ["train", "--config", "smoke", "--output-dir", "/proc/commgym-out"],
+        ("--output-dir", "not writable"),
+    ),
+    "evaluate: missing policy": (
+        ["evaluate", "--config", "smoke", "--policy", "missing.zip"],
+        ("missing.zip", "does not exist"),
+    ),
+    "evaluate: garbage policy": (
+        ["evaluate", "--config", "smoke", "--policy", "garbage.zip"],
+        ("garbage.zip", "not a zip"),
+    ),
+    "replay: missing policy names the accepted forms": (
+        ["replay", "--policy", "static-fp16-dense"],
+        ("static-fp16-dense", "policy file saved by `commgym train`", "static:fp16-dense"),
+    ),
+    "replay: garbage policy names the accepted forms": (
+        ["replay", "--policy", "garbage.zip"],
+        ("not a zip", "static:ddp-default"),
+    ),
+    "unreachable tracking server": (
+        ["train", "--config", "smoke", "--tracking-uri", "http://127.0.0.1:1"],
+        ("http://127.0.0.1:1", "unreachable"),
+    ),
+}
+
+
+def _invoke(args: list[str], cwd, monkeypatch):
+    """The CLI in-process (one import for all cases), in ``cwd``, without MLflow settings."""
+    from typer.testing import CliRunner
+
+    from commgym.experiments.cli import app
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    res = CliRunner().invoke(app, args)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    return subprocess.CompletedProcess(args, res.exit_code, res.stdout, res.stderr)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(workdir, case, monkeypatch):
+    args, needles = CASES[case]
+    before = _tree(workdir)
+    proc = _invoke(args, workdir, monkeypatch)
+    _assert_one_line_exit_2(proc, *needles)
+    assert _tree(workdir) == before  # no mlflow.db, no commgym-out, no probe left
+    assert "open the UI" not in proc.stdout and "127.0.0.1:1" not in proc.stdout
+
+
+def test_policy_for_another_menu_is_refused_before_anything_is_created(workdir, monkeypatch):
+    menu = ActionMenu(compression=("none", "fp16"))
+    policy = StaticAgent(_LayoutEnv(menu), preset="fp16-dense").save(workdir / "other.zip")
+    before = _tree(workdir)
+    proc = _invoke(["evaluate", "--config", "smoke", "--policy", str(policy)], workdir, monkeypatch)
+    _assert_one_line_exit_2(proc, "action menu")
+    assert _tree(workdir) == before
+
+
+def test_console_script_gives_one_line_without_traceback(workdir):
+    """The real entry point (``python -m``): same line, no traceback."""
+    proc = cli(["evaluate", "--config", "smoke", "--policy", "garbage.zip"], workdir, 180)
+    _assert_one_line_exit_2(proc, "not a zip")
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv to run the CLI as an unprivileged user",
+)
+def test_read_only_output_dir_for_an_unprivileged_user():
+    import tempfile
+    from pathlib import Path
+
+    ro = Path(tempfile.mkdtemp(prefix="commgym-ro-", dir="/tmp"))  # pytest's tmp is 0700
+    ro.chmod(0o555)
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    proc = subprocess.run(
+        [*drop, sys.executable, "-m", "commgym.experiments.cli", "train", "--config", "smoke",
+         "--output-dir", str(ro / "out"), "--tracking-uri", f"sqlite:///{ro}/mlflow.db"],
+        cwd=ro, capture_output=True, text=True, timeout=180, check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+    )  # fmt: skip
+    try:
+        _assert_one_line_exit_2(proc, "not writable", "Permission denied")
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.rmdir()
