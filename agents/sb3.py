@@ -218,6 +218,75 @@ class SB3Agent(Agent):
         self._learned_once = True
         return self
 
+    def fine_tune(
+        self,
+        env: gym.Env,
+        episodes: int,
+        *,
+        rollout_steps: int = 32,
+        callback: LearnCallback | None = None,
+    ) -> int:
+        """Continue learning on another env (real ranks) for whole episodes.
+
+        The sim-to-real recipe: a policy learned on ``commgym/Surrogate-v0`` is refined
+        on a few real episodes. On-policy algorithms (PPO, A2C) collect ``rollout_steps``
+        decisions per update here instead of their training ``n_steps`` (a few hundred on
+        the surrogate would leave no update in ten real episodes); the last partial
+        rollout is not used for an update. The learned weights and optimizer are kept.
+
+        Args:
+            env: the env to continue on (same action menu and observation layout).
+            episodes: episodes to run (int >= 0; 0 does nothing).
+            rollout_steps: decisions per on-policy update (int >= 1).
+            callback: called per decision as in :meth:`learn`.
+
+        Returns:
+            Decisions run on ``env``.
+
+        Raises:
+            ValueError: ``episodes`` < 0 or ``rollout_steps`` < 1.
+        """
+        for name, v, low in (("episodes", episodes, 0), ("rollout_steps", rollout_steps, 1)):
+            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
+        if episodes == 0:
+            return 0
+        from stable_baselines3.common.buffers import RolloutBuffer
+        from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+        model = self.model
+        model.set_env(self._algo_env(env))
+        saved = None
+        if isinstance(model, OnPolicyAlgorithm):
+            saved = (model.n_steps, model.rollout_buffer)
+            model.n_steps = int(rollout_steps)
+            model.rollout_buffer = RolloutBuffer(
+                model.n_steps,
+                model.observation_space,
+                model.action_space,
+                device=model.device,
+                gamma=model.gamma,
+                gae_lambda=model.gae_lambda,
+                n_envs=model.n_envs,
+            )
+        count = {"episodes": 0, "decisions": 0}
+
+        def stop_after(step: dict[str, Any]) -> bool:
+            count["decisions"] += 1
+            if step["terminated"] or step["truncated"]:
+                count["episodes"] += 1
+            if callback is not None and callback(step) is False:
+                return False
+            return count["episodes"] < episodes
+
+        try:
+            # the bound is never reached: stop_after ends learning after `episodes`
+            self.learn(10**9, callback=stop_after)
+        finally:
+            if saved is not None:
+                model.n_steps, model.rollout_buffer = saved
+        return count["decisions"]
+
     def save(self, path: str | Path) -> Path:  # noqa: D102 - documented on Agent
         path = _zip_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

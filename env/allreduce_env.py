@@ -46,8 +46,9 @@ class EnvConfig:
             with ``tc``-shaped links). ``None``: unshaped loopback. A spec or profile
             string (``"1gbit"``, ``"100mbit:5ms"``, ``"ethernet-1g"``, see
             ``commgym.env.net``); a schedule ``[[elapsed_training_s, spec], ...]``
-            applied while the episode runs; or ``{"profiles": [...]}`` for a seeded
-            random profile per episode.
+            applied while the episode runs (``{"schedule": [...], "shift_s": s}`` moves
+            every switch by a seeded uniform shift in ``[-s, s]`` per episode); or
+            ``{"profiles": [...]}`` for a seeded random profile per episode.
         network_strict: without the kernel's netem qdisc, delay/jitter/loss raise (True)
             or are dropped with a warning (False; rate shaping still applies).
         seed: base seed (episode seeds are drawn from it unless ``reset(seed=...)``).
@@ -258,6 +259,7 @@ class AllReduceEnv(gym.Env):
                     f"CAP_NET_ADMIN, iproute2): {why}. Use network=None for unshaped links."
                 )
         self._last_obs: np.ndarray | None = None
+        self._schedule: Any = None  # this episode's network schedule (shifted per seed)
         self._needs_reset = True
         self.last_reset_s = float("nan")
         self.launches = 0
@@ -292,7 +294,8 @@ class AllReduceEnv(gym.Env):
         if kind == "fixed":
             return value
         if kind == "schedule":
-            return value.spec_at(0.0)
+            self._schedule = value.for_episode(episode_seed)
+            return self._schedule.spec_at(0.0)
         from commgym.env.net import choose_profile
 
         return choose_profile(value, episode_seed)
@@ -374,7 +377,7 @@ class AllReduceEnv(gym.Env):
         cfg = self.config
         info: dict[str, Any] = {"config": str(cfg_comm), "action": cfg_comm.to_dict()}
         if self._net is not None and cfg._network[0] == "schedule":
-            self._set_network(cfg._network[1].spec_at(self._train_time_s))
+            self._set_network(self._schedule.spec_at(self._train_time_s))
         if self._net_spec is not None:
             info["network"] = str(self._net_spec)
         t0 = time.perf_counter()
@@ -449,21 +452,23 @@ def _parse_network(network: Any) -> tuple[str, Any] | None:
 
     if isinstance(network, str):
         return "fixed", NetworkSpec.parse(network)
+    shift_s = 0.0
     if isinstance(network, dict):
-        unknown = set(network) - {"profiles", "schedule"}
-        if unknown or len(network) != 1:
+        keys = set(network)
+        if keys not in ({"profiles"}, {"schedule"}, {"schedule", "shift_s"}):
             raise ValueError(
-                f"network dict must be {{'profiles': [...]}} or {{'schedule': [[t, spec], ...]}}, "
-                f"got {network!r}"
+                "network dict must be {'profiles': [...]} or {'schedule': [[t, spec], ...]} "
+                f"with an optional 'shift_s' (seconds) next to 'schedule', got {network!r}"
             )
         if "profiles" in network:
             profiles = [NetworkSpec.parse(p) for p in network["profiles"]]
             if not profiles:
                 raise ValueError("network profiles must not be empty")
             return "profiles", profiles
+        shift_s = network.get("shift_s", 0.0)
         network = network["schedule"]
     if isinstance(network, list | tuple):
-        return "schedule", NetworkSchedule.parse([tuple(x) for x in network])
+        return "schedule", NetworkSchedule.parse([tuple(x) for x in network], shift_s)
     raise ValueError(
         f"network must be None, a spec string, a schedule list or a profiles dict, got {network!r}"
     )

@@ -46,6 +46,9 @@ class RunConfig:
             it is evaluated; ``None``: as many as the learned agent saw on real ranks
             (``surrogate_decisions`` when it learns on the surrogate, else
             ``timesteps``), see :attr:`resolved_tuning_decisions`.
+        fine_tune_episodes: after learning on the surrogate, episodes of fine-tuning on
+            real ranks (SB3 agents; the sim-to-real recipe, 0 to 10; 0: none). Their
+            real decisions count in the agent's training cost.
     """
 
     agent: str = "ppo"
@@ -65,6 +68,7 @@ class RunConfig:
     surrogate: str | None = None
     surrogate_decisions: int = 400
     tuning_decisions: int | None = None
+    fine_tune_episodes: int = 0
 
     def __post_init__(self) -> None:
         if self.env_kind not in ("real", "surrogate"):
@@ -75,6 +79,17 @@ class RunConfig:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        ft = self.fine_tune_episodes
+        if isinstance(ft, bool) or not isinstance(ft, int) or not 0 <= ft <= 10:
+            raise ValueError(
+                f"fine_tune_episodes must be an integer in 0..10 (a few real episodes after "
+                f"learning on the surrogate), got {ft!r}"
+            )
+        if ft and self.env_kind != "surrogate":
+            raise ValueError(
+                f"fine_tune_episodes={ft} refines a policy learned on the surrogate; with "
+                "env_kind='real' the agent already learns on real ranks (set it to 0)"
+            )
         if not isinstance(self.env, dict):
             raise ValueError(f"env must be a mapping of EnvConfig fields, got {self.env!r}")
         if isinstance(self.baselines, str):

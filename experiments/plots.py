@@ -242,6 +242,7 @@ def action_timeline_figure(
         gridspec_kw={"height_ratios": [max(1.0, 0.3 * len(levels)), 1.0, 1.0]},
     )
     ax_cfg, ax_loss, ax_bw = axes
+    link_drawn = False
     episode_starts: list[tuple[float, str]] = []
     for i, (label, run) in enumerate(runs.items()):
         x, boundaries = _training_time(run)
@@ -255,6 +256,10 @@ def action_timeline_figure(
         ax_cfg.scatter(x, y_cfg + offset, color=color, s=14, zorder=3)
         ax_loss.plot(x, loss, marker=".", color=color, label=label or None)
         ax_bw.plot(x, bw, marker=".", color=color)
+        link = np.array([_num(r.get("link_gbps")) for r in run], dtype=np.float64)
+        if np.isfinite(link).any():  # the configured rate, where the link is emulated
+            ax_bw.step(x, link, where="pre", color=color, ls="--", lw=1, alpha=0.7)
+            link_drawn = True
         episode_starts.extend((b, color) for b in boundaries)
     for ax in axes:
         for b, color in episode_starts:
@@ -275,6 +280,8 @@ def action_timeline_figure(
     if len(runs) > 1 or target_loss is not None:
         ax_loss.legend(loc="best", fontsize=7)
     ax_bw.set_ylabel("effective bandwidth\n(Gbit/s)")
+    if link_drawn:
+        ax_bw.set_ylabel("bandwidth (Gbit/s)\nline: effective\ndashed: link rate")
     ax_bw.set_xlabel("training time (s)")
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -304,8 +311,9 @@ def action_timeline_plot(
             <commgym.experiments.tracking.TrackingWrapper>` or ``decisions.csv`` read
             with ``csv.DictReader``; or a mapping run label (``"seed 1000"``) -> such
             rows. Keys used: ``train_time_s`` (cumulative in the episode), ``config``,
-            ``eval_loss``, ``bytes_total`` and ``comm_s``. Missing or non-numeric values
-            are NaN.
+            ``eval_loss``, ``bytes_total`` and ``comm_s``; optional ``link_gbps`` (the
+            configured link rate of an emulated network, drawn dashed in the bandwidth
+            panel). Missing or non-numeric values are NaN.
         path: output PNG path (parent directories are created).
         title: figure title.
         target_loss: held-out loss drawn as the target line (``None``: none).

@@ -113,6 +113,7 @@ def run_episode(
                 "comm_s": float(m["comm_s"]),
                 "comm_wait_s": float(m["comm_wait_s"]),
                 "bandwidth_gbps": effective_bandwidth_gbps(m["bytes_total"], m["comm_s"]),
+                "link_gbps": link_gbps(info.get("network")),
                 "reward": float(reward),
             }
         )
@@ -129,6 +130,15 @@ def run_episode(
         reason=reason,
         rows=rows,
     )
+
+
+def link_gbps(network: str | None) -> float:
+    """Configured rate of an emulated link in Gbit/s (``info["network"]``); NaN when unshaped."""
+    if not network:
+        return math.nan
+    from commgym.env.net import NetworkSpec
+
+    return NetworkSpec.parse(network).rate_bit_s / 1e9
 
 
 def _mean_pm(values: list[float], fmt: str) -> str:
@@ -207,8 +217,13 @@ def _compare(
     tracker: Any,
     parent_id: str | None,
     out: Path,
+    scenario: str | None = None,
 ) -> tuple[dict[str, list[EpisodeResult]], list[Path]]:
-    """Every agent on the same seeds on real ranks; returns results and the figures."""
+    """Every agent on the same seeds on real ranks; returns results and the figures.
+
+    ``scenario`` (a leaderboard's scenario name) prefixes the child runs' names and is
+    logged as their ``scenario`` parameter.
+    """
     from commgym.experiments.plots import (
         action_timeline_plot,
         comparison_plot,
@@ -234,9 +249,10 @@ def _compare(
                         adv(max(t - done_s[0], 0.0))
                         done_s[0] = max(t, done_s[0])
 
+                extra = {} if scenario is None else {"scenario": scenario}
                 with tracker.start_run(
-                    f"eval-{name}-seed{seed}",
-                    params={"agent": name, "seed": seed},
+                    f"{scenario + '-' if scenario else ''}eval-{name}-seed{seed}",
+                    params={"agent": name, "seed": seed, **extra},
                     tags={"commgym.role": "evaluation"},
                     parent_run_id=parent_id,
                 ) as run:
@@ -356,8 +372,7 @@ def train(cfg: RunConfig) -> dict[str, list[EpisodeResult]]:
         FileNotFoundError: ``cfg.surrogate`` names a file that does not exist.
         ValueError: ``cfg.surrogate`` is not a surrogate model file of this version.
     """
-    from commgym.agents import make_agent
-    from commgym.experiments.tracking import Tracker, TrackingWrapper
+    from commgym.experiments.tracking import Tracker
 
     if cfg.env_kind == "surrogate" and cfg.surrogate:
         if not Path(cfg.surrogate).is_file():
@@ -380,29 +395,7 @@ def train(cfg: RunConfig) -> dict[str, list[EpisodeResult]]:
             parent.log_artifact(out / "config.yaml")
             parent.log_text(" ".join(sys.argv), "command_line.txt")
             _start_ranks(cfg, env)
-            if cfg.env_kind == "surrogate":
-                path = cfg.surrogate or _collect_and_fit(cfg, env, parent, out)
-                surrogate = _make_surrogate_env(cfg, path)
-            # the parent run holds the learning curve; per-decision metrics live in the
-            # evaluation children (20,000 decisions x 14 metrics filled ~80 MB of mlflow.db)
-            learn_env = TrackingWrapper(
-                surrogate if surrogate is not None else env, parent, log_decisions=False
-            )
-            agent = make_agent(cfg.agent, learn_env, seed=cfg.seed, **cfg.agent_kwargs)
-            parent.log_params(
-                _parent_params(cfg, {f"agent.{k}": v for k, v in agent.hyperparams.items()})
-            )
-            t0 = time.perf_counter()
-            where = "the surrogate" if surrogate is not None else "real ranks"
-            with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
-                agent.learn(cfg.timesteps, callback=lambda _: adv(1))
-            learn_s = time.perf_counter() - t0
-            learn_env.write_csv(out / "learning-decisions.csv")
-            parent.log_artifact(out / "learning-decisions.csv")
-            policy = agent.save(out / "policy.zip")
-            parent.log_artifact(policy)
-            parent.log_metrics({"train/learn_s": learn_s}, step=cfg.timesteps)
-            console.print(f"learned in {learn_s:.1f} s; policy saved to [bold]{policy}[/bold]")
+            agent, _, surrogate = learn_agent(cfg, env, parent, out)
             results = _compare_with_baselines(
                 cfg, env, f"{cfg.agent} (learned)", agent, tracker, parent, out
             )
@@ -415,6 +408,103 @@ def train(cfg: RunConfig) -> dict[str, list[EpisodeResult]]:
     console.print(f"figures and CSVs: [bold]{out}/[/bold] (comparison.png, loss-curves.png, ...)")
     _announce(tracker)
     return results
+
+
+@dataclass
+class TrainingCost:
+    """What preparing an agent cost before it was evaluated (reported next to results).
+
+    Attributes:
+        real_decisions: real decisions spent: recorded for the surrogate, learned on real
+            ranks, fine-tuned on real ranks, or tuned on (baselines).
+        wall_s: wall time of all of it, seconds (collection, fitting, learning).
+        parts: the same wall time by phase (``collect_s``, ``fit_s``, ``learn_s``,
+            ``fine_tune_s``, ``tune_s``, ``search_s``), seconds.
+    """
+
+    real_decisions: int = 0
+    wall_s: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def add(self, part: str, seconds: float, real_decisions: int = 0) -> None:
+        """Count one phase."""
+        self.parts[part] = self.parts.get(part, 0.0) + seconds
+        self.wall_s += seconds
+        self.real_decisions += real_decisions
+
+
+def learn_agent(
+    cfg: RunConfig, env: gym.Env, parent: Any, out: Path
+) -> tuple[Any, TrainingCost, gym.Env | None]:
+    """Train ``cfg.agent`` as the scenario says, save its policy; the recipe of ``train``.
+
+    On ``env_kind="surrogate"``: record ``cfg.surrogate_decisions`` real decisions (unless
+    ``cfg.surrogate`` names a fitted model), fit the surrogate, learn ``cfg.timesteps``
+    decisions on it, then fine-tune on real ranks for ``cfg.fine_tune_episodes`` episodes.
+    On ``env_kind="real"``: learn ``cfg.timesteps`` real decisions.
+
+    Args:
+        cfg: the resolved run configuration.
+        env: the real env (ranks started).
+        parent: the MLflow run that receives the learning curve, CSV and policy.
+        out: output folder (``policy.zip``, ``learning-decisions.csv``, surrogate files).
+
+    Returns:
+        ``(agent, cost, surrogate_env)``; ``surrogate_env`` is ``None`` on real ranks (the
+        caller closes it).
+    """
+    from commgym.agents import make_agent
+    from commgym.experiments.tracking import TrackingWrapper
+
+    cost = TrainingCost()
+    surrogate = None
+    if cfg.env_kind == "surrogate":
+        path = cfg.surrogate
+        if not path:
+            t0 = time.perf_counter()
+            path = _collect_and_fit(cfg, env, parent, out)
+            cost.add("collect_and_fit_s", time.perf_counter() - t0, cfg.surrogate_decisions)
+        surrogate = _make_surrogate_env(cfg, path)
+    # the parent run holds the learning curve; per-decision metrics live in the
+    # evaluation children (20,000 decisions x 14 metrics filled ~80 MB of mlflow.db)
+    learn_env = TrackingWrapper(
+        surrogate if surrogate is not None else env, parent, log_decisions=False
+    )
+    agent = make_agent(cfg.agent, learn_env, seed=cfg.seed, **cfg.agent_kwargs)
+    parent.log_params(_parent_params(cfg, {f"agent.{k}": v for k, v in agent.hyperparams.items()}))
+    t0 = time.perf_counter()
+    where = "the surrogate" if surrogate is not None else "real ranks"
+    with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
+        agent.learn(cfg.timesteps, callback=lambda _: adv(1))
+    learn_s = time.perf_counter() - t0
+    cost.add("learn_s", learn_s, 0 if surrogate is not None else cfg.timesteps)
+    learn_env.write_csv(out / "learning-decisions.csv")
+    parent.log_artifact(out / "learning-decisions.csv")
+    parent.log_metrics({"train/learn_s": learn_s}, step=cfg.timesteps)
+    console.print(f"learned in {learn_s:.1f} s on {where}")
+    if surrogate is not None and cfg.fine_tune_episodes:
+        if not hasattr(agent, "fine_tune"):
+            raise ValueError(
+                f"fine_tune_episodes={cfg.fine_tune_episodes} needs an SB3 agent (ppo, a2c, "
+                f"dqn); {cfg.agent!r} has no fine-tuning"
+            )
+        real_env = TrackingWrapper(env, parent, log_decisions=False)
+        t0 = time.perf_counter()
+        n = cfg.fine_tune_episodes
+        with phase(f"fine-tuning {cfg.agent} on real ranks", n, unit="episodes") as adv:
+            decisions = agent.fine_tune(
+                real_env,
+                n,
+                callback=lambda step: adv(1) if step["terminated"] or step["truncated"] else None,
+            )
+        tune_s = time.perf_counter() - t0
+        cost.add("fine_tune_s", tune_s, decisions)
+        parent.log_metrics({"train/fine_tune_s": tune_s}, step=cfg.timesteps)
+        console.print(f"fine-tuned on {n} real episodes ({decisions} decisions) in {tune_s:.1f} s")
+    policy = agent.save(out / "policy.zip")
+    parent.log_artifact(policy)
+    console.print(f"policy saved to [bold]{policy}[/bold]")
+    return agent, cost, surrogate
 
 
 def _make_surrogate_env(cfg: RunConfig, path: str | Path) -> gym.Env:
@@ -454,11 +544,17 @@ def _collect_and_fit(cfg: RunConfig, env: gym.Env, run: Any, out: Path) -> Path:
 
 
 def _sim_to_real(
-    cfg: RunConfig, surrogate: gym.Env, agent: Any, real: list[EpisodeResult], run: Any
+    cfg: RunConfig,
+    surrogate: gym.Env,
+    agent: Any,
+    real: list[EpisodeResult],
+    run: Any,
+    prefix: str = "",
 ) -> float:
     """Return on the surrogate minus return on real ranks, same policy and seeds.
 
-    Logs ``sim2real/surrogate_return``, ``sim2real/real_return`` and ``sim2real/gap``.
+    Logs ``<prefix>sim2real/surrogate_return``, ``<prefix>sim2real/real_return`` and
+    ``<prefix>sim2real/gap``.
     """
     target = cfg.env.get("target_loss")
     sim = [run_episode(surrogate, agent, r.seed, "surrogate", target).episode_return for r in real]
@@ -467,9 +563,9 @@ def _sim_to_real(
     gap = sim_mean - real_mean
     run.log_metrics(
         {
-            "sim2real/surrogate_return": sim_mean,
-            "sim2real/real_return": real_mean,
-            "sim2real/gap": gap,
+            f"{prefix}sim2real/surrogate_return": sim_mean,
+            f"{prefix}sim2real/real_return": real_mean,
+            f"{prefix}sim2real/gap": gap,
         },
         step=0,
     )
@@ -486,7 +582,7 @@ def _compare_with_baselines(
     """Evaluate ``agent`` and ``cfg.baselines`` on the same seeds; log, plot and print."""
     agents = {name: agent}
     for b in cfg.baselines:
-        agents[b] = _baseline(b, env, cfg)
+        agents[b], _ = _baseline(b, env, cfg)
     results, figures = _compare(cfg, env, agents, tracker, parent.run_id, out)
     for fig in figures:
         parent.log_artifact(fig)
@@ -495,25 +591,56 @@ def _compare_with_baselines(
     return results
 
 
-def _baseline(name: str, env: gym.Env, cfg: RunConfig) -> Any:
+def _baseline(name: str, env: gym.Env, cfg: RunConfig) -> tuple[Any, TrainingCost]:
     """Build a baseline agent; tuners (bayesopt, grid, bandit, ...) tune first on the env.
 
     A tuner gets ``cfg.resolved_tuning_decisions`` real decisions (by default as many as
     the learned agent saw on real ranks); their wall time is printed as its tuning cost.
+    Agents that declare ``online = True`` (``autotune``: it tunes inside every episode, so
+    its tuning already counts in the measured time) and static presets get no tuning
+    phase; ``oracle-static`` runs its exhaustive search (``search_s``).
+
+    Returns:
+        ``(agent, cost)``.
     """
     from commgym.agents import make_agent
 
-    agent = make_agent(name, env, seed=cfg.seed)
-    if not name.startswith("static:") and name not in ("random",):
+    cost = TrainingCost()
+    kwargs: dict[str, Any] = {"seed": cfg.seed}
+    if getattr(_agent_class(name), "oracle", False):
+        kwargs["seeds"] = [cfg.eval_seed + i for i in range(cfg.episodes)]
+    agent = make_agent(name, env, **kwargs)
+    if getattr(agent, "oracle", False):
+        t0 = time.perf_counter()
+        with phase(f"{name}: every menu entry on the evaluation seeds"):
+            agent.learn(0)
+        cost.add("search_s", time.perf_counter() - t0, int(agent.search_decisions))
+        console.print(
+            f"{name} searched {len(agent.ranking)} entries in {cost.wall_s:.1f} s "
+            f"({agent.search_decisions} real decisions; search cost, reported apart)"
+        )
+    elif not name.startswith("static:") and name != "random" and not agent_online(agent):
         n = cfg.resolved_tuning_decisions
         t0 = time.perf_counter()
         with phase(f"tuning baseline {name} on real ranks", n, unit="decisions") as adv:
             agent.learn(n, callback=lambda _: adv(1))
+        cost.add("tune_s", time.perf_counter() - t0, n)
         console.print(
-            f"baseline {name} tuned on {n} real decisions in {time.perf_counter() - t0:.1f} s "
+            f"baseline {name} tuned on {n} real decisions in {cost.wall_s:.1f} s "
             "(tuning cost; set with --tuning-decisions)"
         )
-    return agent
+    return agent, cost
+
+
+def _agent_class(name: str) -> Any:
+    from commgym.agents import AGENTS
+
+    return AGENTS.get(name.split(":", 1)[0])
+
+
+def agent_online(agent: Any) -> bool:
+    """Whether ``agent`` tunes inside each episode (needs no tuning phase of its own)."""
+    return bool(getattr(agent, "online", False))
 
 
 def _log_summary(run: Any, results: dict[str, list[EpisodeResult]]) -> None:

@@ -227,9 +227,14 @@ class NetworkSchedule:
 
     Attributes:
         entries: ``(start_seconds, spec)`` pairs, strictly increasing, the first at 0.
+        shift_s: how far each switch after the first entry may move per episode
+            (:meth:`for_episode`): uniformly in ``[-shift_s, +shift_s]`` seconds, drawn
+            from the episode seed, so a policy cannot learn the switch times by heart.
+            0 keeps the times as given.
     """
 
     entries: tuple[tuple[float, NetworkSpec], ...]
+    shift_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.entries:
@@ -240,16 +245,28 @@ class NetworkSchedule:
         for prev, cur in itertools.pairwise(times):
             if not cur > prev:
                 raise ValueError(f"network schedule times must strictly increase: {times}")
+        shift = self.shift_s
+        if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not shift >= 0:
+            raise ValueError(f"network schedule shift_s must be a number >= 0, got {shift!r}")
+        gaps = [cur - prev for prev, cur in itertools.pairwise(times)]
+        if shift and 2 * shift >= min(gaps):
+            raise ValueError(
+                f"network schedule shift_s={shift} must be below half the shortest gap between "
+                f"switches ({min(gaps)} s in {times}), so shifted switches keep their order"
+            )
 
     @classmethod
     def parse(
-        cls, items: Iterable[tuple[float, str | NetworkSpec]] | str | NetworkSpec
+        cls,
+        items: Iterable[tuple[float, str | NetworkSpec]] | str | NetworkSpec,
+        shift_s: float = 0.0,
     ) -> NetworkSchedule:
         """Builds a schedule from ``(elapsed_training_seconds, spec)`` pairs.
 
         Args:
             items: Pairs like ``[(0, "1gbit"), (30, "100mbit"), (60, "1gbit")]``; a single
                 spec string or :class:`NetworkSpec` means a constant network.
+            shift_s: per-episode shift bound of the switch times (see the class).
 
         Returns:
             The validated schedule.
@@ -259,7 +276,7 @@ class NetworkSchedule:
                 first is not 0, or a spec is malformed.
         """
         if isinstance(items, (str, NetworkSpec)):
-            return cls(((0.0, NetworkSpec.parse(items)),))
+            return cls(((0.0, NetworkSpec.parse(items)),), shift_s)
         entries = []
         for item in items:
             try:
@@ -273,7 +290,24 @@ class NetworkSchedule:
             if t < 0:
                 raise ValueError(f"network schedule time must be >= 0, got {t!r}")
             entries.append((float(t), NetworkSpec.parse(spec)))
-        return cls(tuple(entries))
+        return cls(tuple(entries), shift_s)
+
+    def for_episode(self, seed: int | None) -> NetworkSchedule:
+        """The schedule of one episode: every switch after the first moved by a seeded shift.
+
+        Args:
+            seed: episode seed; the same seed always gives the same times.
+
+        Returns:
+            A schedule with ``shift_s=0`` (itself when ``shift_s`` is 0).
+        """
+        if not self.shift_s:
+            return self
+        rng = random.Random(seed)
+        moved = [self.entries[0]]
+        for t, spec in self.entries[1:]:
+            moved.append((round(t + rng.uniform(-self.shift_s, self.shift_s), 3), spec))
+        return NetworkSchedule(tuple(moved))
 
     def spec_at(self, elapsed_s: float) -> NetworkSpec:
         """Returns the spec in force after ``elapsed_s`` seconds of training."""

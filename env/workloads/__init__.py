@@ -16,11 +16,14 @@ name          params      train FLOPs/samp  data                                
 mlp-digits    26,122      156.7 K           sklearn digits, 8x8 grey, 10 classes  SGD 0.05
 cnn-digits    38,282      2.04 M            same, as 1x8x8 images                 SGD 0.05
 charlm        116,705     47.1 M            CPython stdlib source, char-level     Adam 3e-3
+mid-mlp       1,126,410   6.76 M            sklearn digits                        SGD 0.02
 wide-mlp      21,253,130  127.5 M           sklearn digits                        SGD 0.01
 ============  ==========  ================  ====================================  =========
 
 ``wide-mlp`` exists so that communication dominates the step: its fp32 gradient is
 about 85 MB (81.1 MiB) per step, against a few milliseconds of compute per sample.
+``mid-mlp`` (4.5 MB per step) is communication-bound on 100 Mbit/s - 1 Gbit/s links and
+compute-bound on loopback: the shaped scenarios' workload.
 
 Workloads that a torchrun worker must find by name have to be registered in every
 process, e.g. at import time of a module the worker imports; a registration made only in
@@ -56,7 +59,7 @@ from commgym.env.workloads.registry import (
     register_workload,
     top1_accuracy,
 )
-from commgym.env.workloads.wide import build_wide_mlp, wide_mlp
+from commgym.env.workloads.wide import build_mid_mlp, build_wide_mlp, mid_mlp, wide_mlp
 
 __all__ = [
     "CHARLM_CONTEXT",
@@ -67,6 +70,7 @@ __all__ = [
     "DigitsCNN",
     "Workload",
     "WorkloadData",
+    "build_mid_mlp",
     "build_mlp_digits",
     "build_wide_mlp",
     "charlm_split_point",
@@ -82,6 +86,6 @@ __all__ = [
     "top1_accuracy",
 ]
 
-for _factory in (mlp_digits, cnn_digits, charlm, wide_mlp):
+for _factory in (mlp_digits, cnn_digits, charlm, mid_mlp, wide_mlp):
     register_workload(_factory().name, _factory)
 del _factory

@@ -1,4 +1,10 @@
-"""``wide-mlp``: a 21.25 M-parameter MLP on digits, sized so communication dominates."""
+"""Wide MLPs on digits, sized so that gradient communication dominates the step.
+
+``wide-mlp`` (21.25 M parameters, 85 MB of fp32 gradient per step) is communication-bound on
+any link; ``mid-mlp`` (1.13 M parameters, 4.5 MB, the model of ``commgym bench sync``) is
+communication-bound on links of about 100 Mbit/s to 1 Gbit/s and compute-bound on loopback,
+so which configuration wins depends on the link: the workload of the shaped scenarios.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from commgym.env.workloads.digits import _mlp, _mlp_params, load_digits_data
 from commgym.env.workloads.registry import Workload, _cross_entropy, _describe
 
 _WIDE_MLP_WIDTHS = (64, 4096, 4096, 1024, 10)
+_MID_MLP_WIDTHS = (64, 1024, 1024, 10)
 
 
 def build_wide_mlp() -> nn.Module:
@@ -38,6 +45,38 @@ def wide_mlp() -> Workload:
         loss_fn=_cross_entropy,
         default_batch_size=batch,
         default_lr=0.01,
+        optimizer="sgd",
+        train_flops_per_sample=flops,
+    )
+
+
+def build_mid_mlp() -> nn.Module:
+    """MLP 64 -> 1024 -> 1024 -> 10 with ReLU (1.13 M params, 4.5 MB fp32).
+
+    Input float32 ``(B, 64)``, logits ``(B, 10)``.
+    """
+    return _mlp(_MID_MLP_WIDTHS)
+
+
+def mid_mlp() -> Workload:
+    """``mid-mlp``: 1.13 M-parameter MLP on sklearn digits; SGD(momentum 0.9) lr 0.02."""
+    params = _mlp_params(_MID_MLP_WIDTHS)
+    flops, batch = 6.0 * params, 32
+    return Workload(
+        name="mid-mlp",
+        description=_describe(
+            "MLP 64-1024-1024-10 (ReLU) on scikit-learn's bundled digits: 4.5 MB of fp32 "
+            "gradient per step, so the all-reduce dominates the step on 100 Mbit/s - 1 Gbit/s "
+            "links while compute dominates on loopback.",
+            params,
+            flops,
+            batch,
+        ),
+        build_model=build_mid_mlp,
+        load_data=load_digits_data,
+        loss_fn=_cross_entropy,
+        default_batch_size=batch,
+        default_lr=0.02,
         optimizer="sgd",
         train_flops_per_sample=flops,
     )

@@ -1,0 +1,489 @@
+"""``commgym leaderboard``: scenario x agent x seed on real ranks, in one table per scenario.
+
+Every scenario (a shipped or user YAML file, see :mod:`commgym.experiments.config`) is run
+on its own real ranks (and emulated network). Each agent plays the same evaluation seeds;
+learned agents load a saved policy or are trained first by the recipe of ``commgym train``
+(:func:`~commgym.experiments.train.learn_agent`: record real decisions, fit the surrogate,
+learn on it, optionally fine-tune on real ranks), with that cost reported; tuning baselines
+tune first (cost reported); ``autotune`` tunes inside every episode (its tuning counts in
+the measured time); ``oracle-static`` searches every menu entry on the evaluation seeds
+(search cost reported apart: it is the upper bound of any static tuner, not a method a
+user could run).
+
+Time to target of a seed that never reached the target counts as the scenario's training
+budget (a lower bound of the true time, so a mean over such seeds flatters the agent); the
+``reached`` column says how many seeds did. Speed-ups are ratios of those means.
+
+One MLflow parent run per leaderboard; every evaluation episode is a child run with the
+scenario as a parameter; tables (CSV and Markdown) and figures are logged to the parent.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.table import Table
+
+from commgym.experiments.config import RunConfig, load_run_config
+from commgym.experiments.progress import console
+from commgym.experiments.train import (
+    EpisodeResult,
+    TrainingCost,
+    _announce,
+    _baseline,
+    _compare,
+    _make_env,
+    _sim_to_real,
+    _slug,
+    _start_ranks,
+    learn_agent,
+    network_label,
+)
+
+__all__ = [
+    "DEFAULT_AGENTS",
+    "DEFAULT_SCENARIOS",
+    "LeaderboardEntry",
+    "read_leaderboard_csv",
+    "run_leaderboard",
+]
+
+#: Scenarios of the README's leaderboard (shipped in ``experiments/configs``).
+DEFAULT_SCENARIOS = ("default", "slow-link", "changing-link", "mixed-links")
+
+#: Agents of the README's leaderboard: the learned policy against what a user would
+#: otherwise run.
+DEFAULT_AGENTS = (
+    "ppo",
+    "autotune",
+    "oracle-static",
+    "static:ddp-default",
+    "static:fp16-dense",
+    "bayesopt",
+    "bandit",
+    "accordion",
+    "adacomm",
+)
+
+#: The references every speed-up is measured against.
+REFERENCES = ("static:ddp-default", "autotune")
+
+
+@dataclass
+class LeaderboardEntry:
+    """One agent in one scenario, over the evaluation seeds.
+
+    Attributes:
+        scenario: scenario name.
+        agent: agent name as given (``ppo``, ``static:ddp-default``, ...).
+        role: ``"learned"``, ``"baseline"`` or ``"oracle"``.
+        seeds: evaluation seeds.
+        time_to_target_s: per seed, seconds of training until the held-out loss first
+            reached the target; the budget where it never did (see ``reached``).
+        reached: per seed, whether the target was reached.
+        final_eval_loss: per seed, held-out loss at the end of the episode (nats).
+        final_eval_acc: per seed, held-out accuracy at the end.
+        bytes_per_step: per seed, mean bytes handed to collectives per iteration.
+        decisions: per seed, decisions of the episode.
+        speedup: reference agent -> mean time to target of the reference / this agent's.
+        cost_wall_s: wall time spent preparing the agent before evaluation (training,
+            tuning, the oracle's search), seconds; ``nan`` for a loaded policy without a
+            recorded cost.
+        cost_real_decisions: real decisions spent preparing it.
+        cost_parts: ``cost_wall_s`` by phase.
+    """
+
+    scenario: str
+    agent: str
+    role: str
+    seeds: list[int]
+    time_to_target_s: list[float]
+    reached: list[bool]
+    final_eval_loss: list[float]
+    final_eval_acc: list[float]
+    bytes_per_step: list[float]
+    decisions: list[int]
+    speedup: dict[str, float] = field(default_factory=dict)
+    cost_wall_s: float = 0.0
+    cost_real_decisions: int = 0
+    cost_parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def time_to_target_mean_s(self) -> float:
+        """Mean over seeds (unreached seeds at the budget)."""
+        return statistics.fmean(self.time_to_target_s)
+
+    @property
+    def time_to_target_ci95_s(self) -> float:
+        """Half-width of the 95 % t-interval of the mean (NaN for one seed)."""
+        from commgym.experiments.plots import mean_ci
+
+        return mean_ci(self.time_to_target_s)[1]
+
+
+def _entry(
+    scenario: str, name: str, role: str, eps: list[EpisodeResult], budget_s: float
+) -> LeaderboardEntry:
+    return LeaderboardEntry(
+        scenario=scenario,
+        agent=name,
+        role=role,
+        seeds=[e.seed for e in eps],
+        time_to_target_s=[
+            budget_s if e.time_to_target_s is None else float(e.time_to_target_s) for e in eps
+        ],
+        reached=[e.time_to_target_s is not None for e in eps],
+        final_eval_loss=[e.final_eval_loss for e in eps],
+        final_eval_acc=[e.final_eval_acc for e in eps],
+        bytes_per_step=[e.bytes_per_step for e in eps],
+        decisions=[e.decisions for e in eps],
+    )
+
+
+def _role(name: str) -> str:
+    from commgym.agents import AGENTS
+    from commgym.agents.sb3 import SB3Agent
+
+    cls = AGENTS.get(name.split(":", 1)[0])
+    if cls is not None and getattr(cls, "oracle", False):
+        return "oracle"
+    if cls is not None and issubclass(cls, SB3Agent):
+        return "learned"
+    return "baseline"
+
+
+def _scenario_config(scenario: str, overrides: dict[str, Any]) -> RunConfig:
+    cfg = load_run_config(scenario, overrides)
+    if cfg.env.get("target_loss") is None:
+        raise ValueError(
+            f"scenario {scenario!r} has no env.target_loss: the leaderboard ranks agents by "
+            "time to target, so every scenario needs one"
+        )
+    return cfg
+
+
+def _learned(
+    name: str, cfg: RunConfig, env: Any, parent: Any, out: Path, policy_dir: Path | None
+) -> tuple[Any, TrainingCost, Any]:
+    """Load ``<policy_dir>/<agent>/policy.zip`` if it exists, else train by the recipe."""
+    from commgym.agents import load_agent
+
+    saved = None if policy_dir is None else policy_dir / _slug(name) / "policy.zip"
+    if saved is not None and saved.is_file():
+        agent = load_agent(saved, env=env)
+        cost = TrainingCost(wall_s=math.nan)
+        record = saved.with_name("policy.cost.json")
+        if record.is_file():
+            cost = TrainingCost(**json.loads(record.read_text()))
+        console.print(f"{name}: loaded {saved} (training cost as recorded: {cost.wall_s:.1f} s)")
+        return agent, cost, None
+    agent_out = out / _slug(name)
+    agent_out.mkdir(parents=True, exist_ok=True)
+    agent, cost, surrogate = learn_agent(cfg, env, parent, agent_out)
+    (agent_out / "policy.cost.json").write_text(json.dumps(asdict(cost), indent=1))
+    console.print(
+        f"{name}: trained in {cost.wall_s:.1f} s with {cost.real_decisions} real decisions "
+        f"({', '.join(f'{k} {v:.1f}' for k, v in cost.parts.items())})"
+    )
+    return agent, cost, surrogate
+
+
+def _speedups(entries: list[LeaderboardEntry]) -> None:
+    by_name = {e.agent: e for e in entries}
+    for e in entries:
+        for ref in REFERENCES:
+            if ref in by_name:
+                e.speedup[ref] = by_name[ref].time_to_target_mean_s / e.time_to_target_mean_s
+
+
+def _fmt_pm(values: list[float], fmt: str) -> str:
+    from commgym.experiments.plots import mean_ci
+
+    mean, half, n = mean_ci(values)
+    if not math.isfinite(mean):
+        return "-"
+    return f"{mean:{fmt}}" if n < 2 or not math.isfinite(half) else f"{mean:{fmt}} ± {half:{fmt}}"
+
+
+#: Columns of the per-scenario table (CSV, Markdown and the terminal).
+COLUMNS = (
+    "agent",
+    "time to target s (mean ± 95% CI)",
+    "reached",
+    "vs ddp-default",
+    "vs autotune",
+    "final eval loss",
+    "accuracy",
+    "bytes/step",
+    "preparation cost",
+)
+
+
+def _row(e: LeaderboardEntry) -> list[str]:
+    def speed(ref: str) -> str:
+        v = e.speedup.get(ref)
+        return "-" if v is None or not math.isfinite(v) else f"{v:.2f}x"
+
+    if e.cost_real_decisions or e.cost_wall_s:
+        cost = (
+            f"{e.cost_wall_s:.0f} s, {e.cost_real_decisions} real decisions"
+            if math.isfinite(e.cost_wall_s)
+            else "loaded"
+        )
+    else:
+        cost = "none"
+    label = e.agent + (" (oracle)" if e.role == "oracle" else "")
+    label += " (learned)" if e.role == "learned" else ""
+    return [
+        label,
+        _fmt_pm(e.time_to_target_s, ".2f"),
+        f"{sum(e.reached)}/{len(e.reached)}",
+        speed("static:ddp-default"),
+        speed("autotune"),
+        _fmt_pm(e.final_eval_loss, ".4f"),
+        f"{statistics.fmean(e.final_eval_acc):.3f}",
+        f"{statistics.fmean(e.bytes_per_step):,.0f}",
+        cost,
+    ]
+
+
+def _title(cfg: RunConfig, scenario: str, seeds: int) -> str:
+    env = cfg.env_config
+    return (
+        f"{scenario}: {env.workload}, {env.world_size} ranks, {network_label(env.network)}, "
+        f"{seeds} seeds, target held-out loss {env.target_loss}, budget {env.time_budget_s} s"
+    )
+
+
+def _write_tables(
+    scenario: str, title: str, entries: list[LeaderboardEntry], out: Path
+) -> tuple[Path, Path]:
+    csv_path = out / f"leaderboard-{_slug(scenario)}.csv"
+    with csv_path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(
+            [
+                "scenario", "agent", "role", "seed", "time_to_target_s", "reached",
+                "final_eval_loss", "final_eval_acc", "bytes_per_step", "decisions",
+                "speedup_vs_ddp_default", "speedup_vs_autotune", "cost_wall_s",
+                "cost_real_decisions",
+            ]
+        )  # fmt: skip
+        for e in entries:
+            for i, seed in enumerate(e.seeds):
+                w.writerow(
+                    [
+                        scenario, e.agent, e.role, seed, e.time_to_target_s[i], e.reached[i],
+                        e.final_eval_loss[i], e.final_eval_acc[i], e.bytes_per_step[i],
+                        e.decisions[i], e.speedup.get("static:ddp-default", math.nan),
+                        e.speedup.get("autotune", math.nan), e.cost_wall_s,
+                        e.cost_real_decisions,
+                    ]
+                )  # fmt: skip
+    md_path = out / f"leaderboard-{_slug(scenario)}.md"
+    lines = [f"**{title}**", "", "| " + " | ".join(COLUMNS) + " |"]
+    lines.append("|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 1)) + "|")
+    lines += ["| " + " | ".join(_row(e)) + " |" for e in entries]
+    md_path.write_text("\n".join(lines) + "\n")
+    return csv_path, md_path
+
+
+def read_leaderboard_csv(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a ``leaderboard-<scenario>.csv`` (one per agent and seed), numbers parsed."""
+    rows = []
+    with Path(path).open(newline="") as fh:
+        for r in csv.DictReader(fh):
+            out: dict[str, Any] = {}
+            for k, v in r.items():
+                if k in ("scenario", "agent", "role"):
+                    out[k] = v
+                elif k == "reached":
+                    out[k] = v == "True"
+                else:
+                    out[k] = float(v)
+            rows.append(out)
+    return rows
+
+
+def _static_ranking(agent: Any, scenario: str, out: Path) -> Path | None:
+    """The oracle's ranking of every menu entry (``static-entries-<scenario>.csv``)."""
+    ranking = getattr(agent, "ranking", None)
+    if not ranking:
+        return None
+    path = out / f"static-entries-{_slug(scenario)}.csv"
+    rows = [asdict(r) for r in ranking]
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()})
+    return path
+
+
+def run_leaderboard(
+    scenarios: list[str] | tuple[str, ...] = DEFAULT_SCENARIOS,
+    agents: list[str] | tuple[str, ...] = DEFAULT_AGENTS,
+    seeds: int = 3,
+    *,
+    output_dir: str | Path = "commgym-out/leaderboard",
+    tracking_uri: str | None = None,
+    experiment: str = "commgym-leaderboard",
+    policy_dir: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, list[LeaderboardEntry]]:
+    """Run every scenario x agent x seed on real ranks; write tables and figures.
+
+    Args:
+        scenarios: scenario files or shipped names (each needs ``env.target_loss``).
+        agents: agent names (``AGENTS`` keys or ``static:<preset>``); SB3 agents are the
+            learned ones.
+        seeds: evaluation seeds per agent (``eval_seed + i``), >= 1 (3 for intervals).
+        output_dir: folder of the tables (``leaderboard-<scenario>.csv`` / ``.md``,
+            ``leaderboard.md``), figures and each scenario's episodes (``<scenario>/``).
+        tracking_uri: MLflow store (default: ``./mlflow.db`` or ``MLFLOW_TRACKING_URI``).
+        experiment: MLflow experiment of the parent run.
+        policy_dir: folder holding ``<scenario>/<agent>/policy.zip`` policies to load
+            instead of training (with ``policy.cost.json`` beside each for its recorded
+            training cost): the ``output_dir`` of an earlier leaderboard.
+        overrides: run-config overrides applied to every scenario (``load_run_config``
+            keys, e.g. ``{"timesteps": 5000, "env.time_budget_s": 10}``).
+
+    Returns:
+        Scenario -> entries in ``agents`` order.
+
+    Raises:
+        ValueError: an unknown scenario, agent or override; a scenario without a target.
+        FileNotFoundError: a scenario file that does not exist.
+    """
+    from commgym.agents import make_agent  # noqa: F401 - fail on a broken install early
+    from commgym.experiments.plots import comparison_plot
+    from commgym.experiments.tracking import Tracker, reproducibility_params
+
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds must be an integer >= 1, got {seeds!r}")
+    if not scenarios or not agents:
+        raise ValueError("the leaderboard needs at least one scenario and one agent")
+    learned = [a for a in agents if _role(a) == "learned"]
+    base = {**(overrides or {}), "episodes": seeds, "baselines": []}
+    # every scenario and agent name is validated before any rank starts
+    configs = {
+        s: _scenario_config(s, {**base, "agent": learned[0] if learned else "random"})
+        for s in scenarios
+    }
+    for a in agents:
+        load_run_config(scenarios[0], {**base, "baselines": [a]})
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    policies = None if policy_dir is None else Path(policy_dir)
+    tracker = Tracker(tracking_uri, experiment=experiment)
+    _announce(tracker)
+    board: dict[str, list[LeaderboardEntry]] = {}
+    markdown: list[str] = []
+    figures: list[Path] = []
+    with tracker.start_run("leaderboard", tags={"commgym.command": "leaderboard"}) as parent:
+        parent.log_params(
+            {
+                "scenarios": ",".join(scenarios),
+                "agents": ",".join(agents),
+                "seeds": seeds,
+                **reproducibility_params(),
+            }
+        )
+        parent.log_text(" ".join(sys.argv), "command_line.txt")
+        for scenario, cfg in configs.items():
+            t_scenario = time.perf_counter()
+            s_out = out / _slug(scenario)
+            s_out.mkdir(parents=True, exist_ok=True)
+            (s_out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            parent.log_artifact(s_out / "config.yaml", artifact_path=_slug(scenario))
+            console.rule(f"scenario {scenario}")
+            env = _make_env(cfg)
+            surrogates: list[Any] = []
+            try:
+                _start_ranks(cfg, env)
+                built: dict[str, Any] = {}
+                costs: dict[str, TrainingCost] = {}
+                for name in agents:
+                    if _role(name) == "learned":
+                        lcfg = _scenario_config(scenario, {**base, "agent": name})
+                        sub = None if policies is None else policies / _slug(scenario)
+                        agent, cost, sur = _learned(name, lcfg, env, parent, s_out, sub)
+                        if sur is not None:
+                            surrogates.append((name, sur))
+                    else:
+                        agent, cost = _baseline(name, env, cfg)
+                        path = _static_ranking(agent, scenario, s_out)
+                        if path is not None:
+                            parent.log_artifact(path, artifact_path=_slug(scenario))
+                    built[name], costs[name] = agent, cost
+                results, figs = _compare(
+                    cfg, env, built, tracker, parent.run_id, s_out, scenario=scenario
+                )
+                for sname, sur in surrogates:
+                    _sim_to_real(cfg, sur, built[sname], results[sname], parent,
+                                 prefix=f"{_slug(scenario)}/{_slug(sname)}/")  # fmt: skip
+            finally:
+                env.close()
+                for _, sur in surrogates:
+                    sur.close()
+            budget = float(cfg.env_config.time_budget_s)
+            entries = []
+            for name in agents:
+                e = _entry(scenario, name, _role(name), results[name], budget)
+                c = costs[name]
+                e.cost_wall_s, e.cost_real_decisions, e.cost_parts = (
+                    c.wall_s, c.real_decisions, dict(c.parts)
+                )  # fmt: skip
+                entries.append(e)
+            _speedups(entries)
+            board[scenario] = entries
+            title = _title(cfg, scenario, seeds)
+            table = Table(title=title)
+            for col in COLUMNS:
+                table.add_column(col, justify="left" if col == "agent" else "right")
+            for e in entries:
+                table.add_row(*_row(e))
+            console.print(table)
+            csv_path, md_path = _write_tables(scenario, title, entries, out)
+            markdown.append(md_path.read_text())
+            panels = {
+                "time to target (s)": {e.agent: e.time_to_target_s for e in entries},
+                "final eval loss (nats)": {e.agent: e.final_eval_loss for e in entries},
+                "bytes per step (B)": {e.agent: e.bytes_per_step for e in entries},
+            }
+            bars = comparison_plot(panels, None, out / f"leaderboard-{_slug(scenario)}.png")
+            for path in (csv_path, md_path, bars, *figs):
+                parent.log_artifact(path, artifact_path=_slug(scenario))
+            figures += [bars, *figs]
+            for i, e in enumerate(entries):
+                key = f"leaderboard/{_slug(scenario)}/{_slug(e.agent)}"
+                parent.log_metrics(
+                    {
+                        f"{key}/time_to_target_mean_s": e.time_to_target_mean_s,
+                        f"{key}/reached": sum(e.reached),
+                        f"{key}/speedup_vs_ddp_default": e.speedup.get(
+                            "static:ddp-default", math.nan
+                        ),
+                        f"{key}/speedup_vs_autotune": e.speedup.get("autotune", math.nan),
+                    },
+                    step=i,
+                )
+            console.print(
+                f"scenario {scenario} took {time.perf_counter() - t_scenario:.0f} s "
+                f"(tables: {csv_path}, {md_path})"
+            )
+        summary = out / "leaderboard.md"
+        summary.write_text("\n".join(markdown))
+        parent.log_artifact(summary)
+    console.print(f"leaderboard: [bold]{summary}[/bold]; figures and episodes under {out}/")
+    _announce(tracker)
+    return board
