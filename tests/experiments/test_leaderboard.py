@@ -1,0 +1,128 @@
+"""`commgym leaderboard` end to end on a tiny scenario: real ranks, real SQLite MLflow store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from commgym.experiments.leaderboard import read_leaderboard_csv
+from tests.experiments.cli_helpers import cli, cli_ok
+
+AGENTS = ["ppo", "autotune", "oracle-static", "static:ddp-default", "bandit"]
+SEEDS = 2
+
+#: A scenario small enough for CI: 2 ranks on loopback, a 4-entry menu, 3 decisions.
+TINY = {
+    "agent": "ppo",
+    "agent_kwargs": {"n_steps": 8, "batch_size": 8, "n_epochs": 1},
+    "timesteps": 16,
+    "env_kind": "surrogate",
+    "surrogate_decisions": 16,
+    "fine_tune_episodes": 1,
+    "tuning_decisions": 3,
+    "env": {
+        "workload": "mlp-digits",
+        "world_size": 2,
+        "steps_per_decision": 2,
+        "time_budget_s": 0.5,
+        "max_decisions": 3,
+        "reward": "time_to_target",
+        "target_loss": 2.2,
+        "action_menu": {
+            "compression": ["none", "fp16"],
+            "bucket_mb": [25.0],
+            "sync_period": [1, 2],
+        },
+    },
+    "experiment": "commgym-lb-test",
+}
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lb")
+    (tmp / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    args = ["leaderboard", "--scenarios", str(tmp / "tiny.yaml"), "--agents", ",".join(AGENTS),
+            "--seeds", str(SEEDS), "--tracking-uri", uri, "--output-dir", str(tmp / "out")]  # fmt: skip
+    out = cli_ok(args, tmp, timeout_s=900)
+    return tmp, uri, out, args
+
+
+def test_table_lists_every_agent_with_speedups_and_costs(board):
+    tmp, _, out, _ = board
+    rows = read_leaderboard_csv(tmp / "out" / "leaderboard-tiny.csv")
+    assert len(rows) == len(AGENTS) * SEEDS
+    assert [r["agent"] for r in rows[::SEEDS]] == AGENTS
+    roles = {r["agent"]: r["role"] for r in rows}
+    assert roles["ppo"] == "learned" and roles["oracle-static"] == "oracle"
+    assert roles["static:ddp-default"] == "baseline"
+    for r in rows:
+        assert 0 < r["time_to_target_s"] <= TINY["env"]["time_budget_s"] + 1e-9 or r["reached"]
+        assert r["bytes_per_step"] > 0 and r["decisions"] >= 1
+    ddp = [r for r in rows if r["agent"] == "static:ddp-default"]
+    assert all(r["speedup_vs_ddp_default"] == pytest.approx(1.0) for r in ddp)
+    auto = [r for r in rows if r["agent"] == "autotune"]
+    assert all(r["speedup_vs_autotune"] == pytest.approx(1.0) for r in auto)
+    # the learned agent's recipe and the oracle's search are paid in real decisions
+    by_agent = {r["agent"]: r for r in rows}
+    assert by_agent["ppo"]["cost_real_decisions"] >= TINY["surrogate_decisions"] + 1
+    assert by_agent["oracle-static"]["cost_real_decisions"] >= 4 * SEEDS  # 4 entries x seeds
+    assert by_agent["bandit"]["cost_real_decisions"] == TINY["tuning_decisions"]
+    assert by_agent["static:ddp-default"]["cost_real_decisions"] == 0
+    md = (tmp / "out" / "leaderboard.md").read_text()
+    assert "| ppo (learned) |" in md and "(oracle)" in md and "vs autotune" in md
+    assert "time to target" in out and "oracle-static (oracle)" in out
+
+
+def test_figures_and_oracle_ranking_are_written(board):
+    tmp, _, _, _ = board
+    assert (tmp / "out" / "leaderboard-tiny.png").stat().st_size > 5000
+    for agent in ("ppo", "autotune", "static_ddp-default"):
+        assert (tmp / "out" / "tiny" / f"timeline-{agent}.png").stat().st_size > 5000
+    ranking = (tmp / "out" / "tiny" / "static-entries-tiny.csv").read_text().splitlines()
+    assert len(ranking) == 1 + 4  # header + every menu entry
+
+
+def test_mlflow_parent_and_one_child_per_episode(board):
+    _, uri, _, _ = board
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("commgym-leaderboard")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("commgym.command") == "leaderboard"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    parent = parents[0]
+    assert parent.data.params["seeds"] == str(SEEDS) and "git.commit" in parent.data.params
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == len(AGENTS) * SEEDS
+    assert {c.data.params["scenario"] for c in children} == {"tiny"}
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id, "tiny")}
+    assert {"tiny/leaderboard-tiny.csv", "tiny/leaderboard-tiny.png"} <= arts, arts
+    hist = client.get_metric_history(parent.info.run_id, "leaderboard/tiny/ppo/reached")
+    assert len(hist) == 1 and 0 <= hist[0].value <= SEEDS
+    gap = client.get_metric_history(parent.info.run_id, "tiny/ppo/sim2real/gap")
+    assert len(gap) == 1
+
+
+def test_policy_dir_loads_the_saved_policy_instead_of_training(board):
+    tmp, uri, _, args = board
+    cost = json.loads((tmp / "out" / "tiny" / "ppo" / "policy.cost.json").read_text())
+    again = [*args[:-1], str(tmp / "out2")]
+    again[again.index("--agents") + 1] = "ppo,static:ddp-default"
+    out = cli_ok([*again, "--policy-dir", str(tmp / "out")], tmp, timeout_s=600)
+    assert "loaded" in out and "training ppo" not in out
+    rows = read_leaderboard_csv(tmp / "out2" / "leaderboard-tiny.csv")
+    assert rows[0]["cost_wall_s"] == pytest.approx(cost["wall_s"])
+
+
+def test_bad_input_fails_before_anything_runs(tmp_path):
+    proc = cli(["leaderboard", "--scenarios", "smoke", "--output-dir", str(tmp_path / "o")],
+               tmp_path)  # fmt: skip
+    assert proc.returncode == 2 and "target_loss" in proc.stderr
+    proc = cli(["leaderboard", "--scenarios", "default", "--agents", "ppo,nosuch",
+                "--output-dir", str(tmp_path / "o")], tmp_path)  # fmt: skip
+    assert proc.returncode == 2 and "nosuch" in proc.stderr
+    assert not (tmp_path / "o").exists() and not (tmp_path / "mlflow.db").exists()
