@@ -202,6 +202,14 @@ class Agent(ABC):
 
     #: Registry name (``make_agent(name, env)``).
     name: ClassVar[str] = ""
+    #: Adapts inside every episode from its observations (heuristics, in-episode
+    #: autotuners): evaluation gives it no tuning phase beforehand, and whatever it
+    #: spends adapting counts in the episode's measured time.
+    online: ClassVar[bool] = False
+    #: Knows the answer in hindsight (``oracle-static``: every entry run on the
+    #: evaluation seeds); reported as an upper bound, not as a method, with its search
+    #: cost apart.
+    oracle: ClassVar[bool] = False
 
     def __init__(self, env: gym.Env, *, seed: int | None = None, **hyperparams: Any) -> None:
         self.env = env

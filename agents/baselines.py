@@ -207,6 +207,8 @@ class AccordionAgent(StepAgent):
     """
 
     name = "accordion"
+    #: adapts inside every episode from what it observes; nothing to tune beforehand
+    online = True
 
     def __init__(
         self,
@@ -282,6 +284,8 @@ class AdaCommAgent(StepAgent):
     """
 
     name = "adacomm"
+    #: adapts inside every episode from what it observes; nothing to tune beforehand
+    online = True
 
     def __init__(
         self,

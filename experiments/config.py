@@ -46,6 +46,9 @@ class RunConfig:
             it is evaluated; ``None``: as many as the learned agent saw on real ranks
             (``surrogate_decisions`` when it learns on the surrogate, else
             ``timesteps``), see :attr:`resolved_tuning_decisions`.
+        baseline_kwargs: hyperparameters per baseline name, e.g. ``{"autotune":
+            {"tuning_decisions": 4}}`` (sized to the scenario's episodes); names must be
+            agents of ``baselines`` or of a leaderboard's agents.
         fine_tune_episodes: after learning on the surrogate, episodes of fine-tuning on
             real ranks (SB3 agents; the sim-to-real recipe, 0 to 10; 0: none). Their
             real decisions count in the agent's training cost.
@@ -69,6 +72,7 @@ class RunConfig:
     surrogate_decisions: int = 400
     tuning_decisions: int | None = None
     fine_tune_episodes: int = 0
+    baseline_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.env_kind not in ("real", "surrogate"):
@@ -90,6 +94,13 @@ class RunConfig:
                 f"fine_tune_episodes={ft} refines a policy learned on the surrogate; with "
                 "env_kind='real' the agent already learns on real ranks (set it to 0)"
             )
+        if not isinstance(self.baseline_kwargs, dict) or not all(
+            isinstance(v, dict) for v in self.baseline_kwargs.values()
+        ):
+            raise ValueError(
+                "baseline_kwargs must map agent names to mappings of hyperparameters, got "
+                f"{self.baseline_kwargs!r}"
+            )
         if not isinstance(self.env, dict):
             raise ValueError(f"env must be a mapping of EnvConfig fields, got {self.env!r}")
         if isinstance(self.baselines, str):
@@ -99,7 +110,7 @@ class RunConfig:
 
         # resolved and validated once, here; the env is built from this very object
         self.env_config = EnvConfig(**self.env)
-        for name in [self.agent, *self.baselines]:
+        for name in [self.agent, *self.baselines, *self.baseline_kwargs]:
             base = name.split(":", 1)[0]
             if base != "static" and base not in AGENTS:
                 close = difflib.get_close_matches(base, sorted(AGENTS), n=1)

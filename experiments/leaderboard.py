@@ -154,7 +154,7 @@ def _role(name: str) -> str:
     from commgym.agents.sb3 import SB3Agent
 
     cls = AGENTS.get(name.split(":", 1)[0])
-    if cls is not None and getattr(cls, "oracle", False):
+    if cls is not None and cls.oracle:
         return "oracle"
     if cls is not None and issubclass(cls, SB3Agent):
         return "learned"

@@ -606,11 +606,12 @@ def _baseline(name: str, env: gym.Env, cfg: RunConfig) -> tuple[Any, TrainingCos
     from commgym.agents import make_agent
 
     cost = TrainingCost()
-    kwargs: dict[str, Any] = {"seed": cfg.seed}
-    if getattr(_agent_class(name), "oracle", False):
+    kwargs: dict[str, Any] = {"seed": cfg.seed, **cfg.baseline_kwargs.get(name, {})}
+    cls = _agent_class(name)
+    if cls is not None and cls.oracle:
         kwargs["seeds"] = [cfg.eval_seed + i for i in range(cfg.episodes)]
     agent = make_agent(name, env, **kwargs)
-    if getattr(agent, "oracle", False):
+    if agent.oracle:
         t0 = time.perf_counter()
         with phase(f"{name}: every menu entry on the evaluation seeds"):
             agent.learn(0)
@@ -619,7 +620,7 @@ def _baseline(name: str, env: gym.Env, cfg: RunConfig) -> tuple[Any, TrainingCos
             f"{name} searched {len(agent.ranking)} entries in {cost.wall_s:.1f} s "
             f"({agent.search_decisions} real decisions; search cost, reported apart)"
         )
-    elif not name.startswith("static:") and name != "random" and not agent_online(agent):
+    elif not name.startswith("static:") and name != "random" and not agent.online:
         n = cfg.resolved_tuning_decisions
         t0 = time.perf_counter()
         with phase(f"tuning baseline {name} on real ranks", n, unit="decisions") as adv:
@@ -636,11 +637,6 @@ def _agent_class(name: str) -> Any:
     from commgym.agents import AGENTS
 
     return AGENTS.get(name.split(":", 1)[0])
-
-
-def agent_online(agent: Any) -> bool:
-    """Whether ``agent`` tunes inside each episode (needs no tuning phase of its own)."""
-    return bool(getattr(agent, "online", False))
 
 
 def _log_summary(run: Any, results: dict[str, list[EpisodeResult]]) -> None:

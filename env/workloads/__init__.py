@@ -16,7 +16,7 @@ name          params      train FLOPs/samp  data                                
 mlp-digits    26,122      156.7 K           sklearn digits, 8x8 grey, 10 classes  SGD 0.05
 cnn-digits    38,282      2.04 M            same, as 1x8x8 images                 SGD 0.05
 charlm        116,705     47.1 M            CPython stdlib source, char-level     Adam 3e-3
-mid-mlp       1,126,410   6.76 M            sklearn digits                        SGD 0.02
+mid-mlp       1,126,410   6.76 M            sklearn digits                        SGD 0.05
 wide-mlp      21,253,130  127.5 M           sklearn digits                        SGD 0.01
 ============  ==========  ================  ====================================  =========
 

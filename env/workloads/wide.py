@@ -59,7 +59,7 @@ def build_mid_mlp() -> nn.Module:
 
 
 def mid_mlp() -> Workload:
-    """``mid-mlp``: 1.13 M-parameter MLP on sklearn digits; SGD(momentum 0.9) lr 0.02."""
+    """``mid-mlp``: 1.13 M-parameter MLP on sklearn digits; SGD(momentum 0.9) lr 0.05."""
     params = _mlp_params(_MID_MLP_WIDTHS)
     flops, batch = 6.0 * params, 32
     return Workload(
@@ -76,7 +76,7 @@ def mid_mlp() -> Workload:
         load_data=load_digits_data,
         loss_fn=_cross_entropy,
         default_batch_size=batch,
-        default_lr=0.02,
+        default_lr=0.05,
         optimizer="sgd",
         train_flops_per_sample=flops,
     )
