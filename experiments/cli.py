@@ -10,7 +10,31 @@ cleanup`` and the ``bench`` group. Conventions every command keeps:
   emulated network removed, the MLflow run marked ``KILLED``) and the exit status is
   ``128 + signal``;
 * option help that lists names (agents, workloads, shipped scenarios) is generated
-  from the registries when help is shown.
+  from the registries when help is shown;
+* options of config fields are generated, not written here: ``CLI_FIELDS`` in
+  :mod:`commgym.experiments.config` holds each field's flag, help and bound, the type is
+  the field's annotation (:mod:`commgym.experiments.cli_options`). ``train`` takes every
+  field of the table; ``evaluate``, ``replay`` and ``collect`` name theirs. The command
+  gets the values given as ``overrides`` and resolves one ``RunConfig``; the env runs
+  from its ``env_config``.
+
+A command in another module reuses the env options (``ENV_OPTIONS``: ``--workload``,
+``--world-size``, ``--network``, ``--network-strict/--drop-impairments``,
+``--steps-per-decision``, ``--time-budget-s``) like this::
+
+    from commgym.experiments.cli import app
+    from commgym.experiments.cli_options import CONFIG_HELP, ENV_OPTIONS, config_command
+
+    @config_command(app, "leaderboard", *ENV_OPTIONS, "seed")
+    def leaderboard_cmd(
+        config: str | None = typer.Option(None, "--config", help=CONFIG_HELP),
+        *,
+        overrides: dict[str, Any],
+    ) -> None:
+        cfg = load_run_config(config or "default", overrides)  # cfg.env_config
+
+and this module imports that one at its end (``import commgym.experiments.leaderboard``),
+so the command is registered whenever ``app`` is.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ def _build_options(keys: tuple[str, ...]) -> list[Any]:
 
     options.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     options.__annotations__ = {p.name: p.annotation for p in params}
-    probe = typer.Typer()
+    probe = typer.Typer(add_completion=False)
     probe.command()(options)
     return list(typer.main.get_command(probe).params)
 
