@@ -22,6 +22,7 @@ import: the field types live on ``EnvConfig``, whose import loads torch, and
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import typing
@@ -81,6 +82,7 @@ class RegistryHelpCommand(TyperCommand):
     """
 
     def _help_suffix(self, ctx: typer.Context, param: Any) -> str:
+        """Text added to ``param``'s help before its final full stop (none here)."""
         return ""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:  # noqa: D102
@@ -107,16 +109,9 @@ def _field_hints(key: str) -> tuple[type, Any]:
     from commgym.experiments.config import RunConfig
 
     cls, name = (EnvConfig, key[4:]) if key.startswith("env.") else (RunConfig, key)
-    hints = typing.get_type_hints(cls)
-    if name not in hints or name not in {f.name for f in _init_fields(cls)}:
+    if name not in {f.name for f in dataclasses.fields(cls) if f.init}:
         raise ValueError(f"CLI_FIELDS key {key!r} is not a field of {cls.__name__}")
-    return cls, hints[name]
-
-
-def _init_fields(cls: type) -> list[Any]:
-    import dataclasses
-
-    return [f for f in dataclasses.fields(cls) if f.init]
+    return cls, typing.get_type_hints(cls)[name]
 
 
 def config_option_type(key: str) -> type:
