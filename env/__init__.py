@@ -14,7 +14,7 @@ This package never imports stable-baselines3 or MLflow.
 import gymnasium
 
 from commgym.env.allreduce_env import AllReduceEnv, EnvConfig, FlattenAction
-from commgym.env.cluster import Cluster
+from commgym.env.cluster import Cluster, LaunchConfig
 from commgym.env.measure import DecisionMeasurement, DecisionRecorder, RankMeasurement
 from commgym.env.spaces import (
     OBSERVATION_FIELDS,
@@ -34,6 +34,7 @@ __all__ = [
     "DecisionRecorder",
     "EnvConfig",
     "FlattenAction",
+    "LaunchConfig",
     "ObservationBuilder",
     "RankMeasurement",
     "RewardContext",

@@ -13,7 +13,7 @@ import numpy as np
 from gymnasium import spaces
 
 from commgym.collectives.errors import CommgymError
-from commgym.env.cluster import Cluster
+from commgym.env.cluster import Cluster, LaunchConfig
 from commgym.env.measure import DecisionMeasurement, combine_eval, decision_info
 from commgym.env.spaces import REWARDS, ActionMenu, ObservationBuilder, decision_outcome
 
@@ -128,6 +128,14 @@ class EnvConfig:
             get_workload(self.workload)  # raises with the known names
         self.workload_modules = tuple(self.workload_modules)
         self.menu = ActionMenu.from_any(self.action_menu)
+
+    def launch_config(self) -> LaunchConfig:
+        """What every rank receives once before it joins the process group.
+
+        Built from this config's fields of the same names (the field list is
+        :class:`~commgym.env.cluster.LaunchConfig`'s own).
+        """
+        return LaunchConfig(**{f.name: getattr(self, f.name) for f in fields(LaunchConfig)})
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (menu as lists), e.g. for MLflow params and YAML."""
@@ -277,14 +285,7 @@ class AllReduceEnv(gym.Env):
                 self._net = EmulatedNetwork(
                     cfg.world_size, self._net_spec, strict=cfg.network_strict
                 )
-            self._cluster = Cluster(
-                cfg.world_size,
-                backend=cfg.backend,
-                timeout_s=cfg.timeout_s,
-                threads_per_rank=cfg.threads_per_rank,
-                workload_modules=cfg.workload_modules,
-                network=self._net,
-            )
+            self._cluster = Cluster(cfg.world_size, cfg.launch_config(), network=self._net)
             self._cluster.start()
             self.launches += 1
         return self._cluster
@@ -330,12 +331,10 @@ class AllReduceEnv(gym.Env):
             self._set_network(self._initial_spec(episode_seed))
         self._action = self.menu.default_action()
         replies = cluster.command(
+            # the workload, batch size and learning rate came with the launch config
             {
                 "cmd": "reset",
                 "seed": episode_seed,
-                "workload": cfg.workload,
-                "batch_size": cfg.batch_size,
-                "lr": cfg.lr,
                 "config": self.menu.decode(self._action).to_dict(),
             },
             # building model and data is not a training decision: allow it at least

@@ -4,8 +4,11 @@ The environment process owns a :class:`multiprocessing.connection.Listener` boun
 port the OS picks (port 0, so several environments on one host never race for a port)
 and authenticated with a random per-cluster key (HMAC challenge, stdlib). Ranks are
 started by ``torchrun`` as ordinary subprocesses in their own session (so the whole
-tree can be killed at once) and each rank connects back, says hello and then executes
-commands (see :mod:`commgym.env.worker`).
+tree can be killed at once) and each rank connects back, says hello, receives the
+cluster's :class:`LaunchConfig` (the one route by which settings reach a rank: backend,
+timeouts, threads, workload), initialises ``torch.distributed`` from it and then executes
+commands (see :mod:`commgym.env.worker`). Only the key and the listener's address are
+given at launch, because a rank needs them to reach the listener at all.
 
 Ranks started by the user elsewhere join the same way: run on every node::
 
@@ -31,16 +34,17 @@ import tempfile
 import threading
 import time
 import weakref
+from dataclasses import asdict, dataclass, fields
 from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from commgym.collectives.errors import CollectiveTimeout, WorkerFailed
+from commgym.collectives.errors import CollectiveTimeout, CommgymError, WorkerFailed
 
 if TYPE_CHECKING:  # pragma: no cover
     from commgym.env.net import EmulatedNetwork
 
-__all__ = ["Cluster"]
+__all__ = ["Cluster", "LaunchConfig"]
 
 #: c10d rendezvous port inside rank 0's private network namespace (no other user).
 _RDZV_PORT = 29400
@@ -58,16 +62,87 @@ def _kill_all_at_exit() -> None:  # pragma: no cover - interpreter shutdown
 _LOG_KEEP_CHARS = 20_000
 
 
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Settings every rank receives once, after its hello and before ``init_process_group``.
+
+    The cluster sends it as the ``launch`` message (:meth:`to_message`); the rank rebuilds
+    it with :meth:`from_message`. Per-episode and per-decision commands then carry only
+    what changes (seed, communication configuration, iteration count). Field names are
+    those of :class:`~commgym.env.EnvConfig`, which builds its own with
+    :meth:`~commgym.env.EnvConfig.launch_config`.
+
+    Attributes:
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank, ``LOCAL_RANK``).
+        timeout_s: collective timeout of the process group, seconds; also the default
+            deadline of every command on the environment side.
+        threads_per_rank: ``torch.set_num_threads`` in each rank.
+        workload_modules: modules every rank imports first (where custom workloads are
+            registered).
+        workload: workload the ``reset`` command builds (``None``: the cluster only runs
+            the benchmark commands).
+        batch_size: per-rank batch size (``None``: the workload's default).
+        lr: learning rate (``None``: the workload's default).
+
+    Raises:
+        ValueError: bad ``backend``, ``timeout_s``, ``threads_per_rank``, ``batch_size``
+            or ``lr``.
+    """
+
+    backend: str = "gloo"
+    timeout_s: float = 120.0
+    threads_per_rank: int = 1
+    workload_modules: tuple[str, ...] = ()
+    workload: str | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
+        if isinstance(self.timeout_s, bool) or not (
+            isinstance(self.timeout_s, int | float) and self.timeout_s > 0
+        ):
+            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s!r}")
+        for name in ("threads_per_rank", "batch_size"):
+            v = getattr(self, name)
+            if v is None and name == "batch_size":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.lr is not None and not (isinstance(self.lr, int | float) and self.lr > 0):
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        object.__setattr__(self, "timeout_s", float(self.timeout_s))
+        object.__setattr__(self, "workload_modules", tuple(self.workload_modules))
+
+    def to_message(self) -> dict[str, Any]:
+        """The ``launch`` command: ``{"cmd": "launch", "config": {field: value}}``."""
+        return {"cmd": "launch", "config": asdict(self)}
+
+    @classmethod
+    def from_message(cls, msg: dict[str, Any]) -> LaunchConfig:
+        """Inverse of :meth:`to_message`.
+
+        Raises:
+            ValueError: ``msg`` is not a ``launch`` command, or holds unknown fields.
+        """
+        if not isinstance(msg, dict) or msg.get("cmd") != "launch":
+            raise ValueError(f"expected the launch command first, got {msg!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(msg["config"]) - known)
+        if unknown:
+            raise ValueError(f"unknown launch fields {unknown}; valid: {sorted(known)}")
+        return cls(**msg["config"])
+
+
 class Cluster:
     """A set of ``world_size`` worker ranks launched with torchrun.
 
     Args:
         world_size: number of ranks (>= 1).
-        backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
-        timeout_s: default deadline of every command, and the ranks' collective timeout.
-        threads_per_rank: ``torch.set_num_threads`` in each rank.
-        workload_modules: modules every rank imports before running commands (where
-            custom workloads are registered).
+        config: what every rank receives before it joins the process group (backend,
+            timeout, threads, workload); ``config.timeout_s`` is also the default deadline
+            of every command. Default: ``LaunchConfig()`` (gloo, 120 s, 1 thread).
         launch: start ranks locally with ``torchrun --standalone``; with False, ranks
             are expected to be started by the user (see the module docstring).
         control_host: address the control listener binds to (loopback by default).
@@ -79,17 +154,14 @@ class Cluster:
             shaped links; the control listener binds to the bridge address.
 
     Raises:
-        ValueError: bad ``world_size``, ``backend`` or ``timeout_s``.
+        ValueError: bad ``world_size``, or ``config`` is not a :class:`LaunchConfig`.
     """
 
     def __init__(
         self,
         world_size: int,
+        config: LaunchConfig | None = None,
         *,
-        backend: str = "gloo",
-        timeout_s: float = 120.0,
-        threads_per_rank: int = 1,
-        workload_modules: tuple[str, ...] = (),
         launch: bool = True,
         control_host: str = "127.0.0.1",
         start_timeout_s: float = 180.0,
@@ -98,15 +170,11 @@ class Cluster:
     ) -> None:
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
-        if backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        config = LaunchConfig() if config is None else config
+        if not isinstance(config, LaunchConfig):
+            raise ValueError(f"config must be a LaunchConfig, got {config!r}")
         self.world_size = world_size
-        self.backend = backend
-        self.timeout_s = float(timeout_s)
-        self.threads_per_rank = int(threads_per_rank)
-        self.workload_modules = tuple(workload_modules)
+        self.config = config
         self.launch = launch
         self.control_host = control_host
         self.start_timeout_s = float(start_timeout_s)
@@ -137,6 +205,11 @@ class Cluster:
         return all(p.poll() is None for p in self._procs)
 
     @property
+    def timeout_s(self) -> float:
+        """Default deadline of every command, seconds (``config.timeout_s``)."""
+        return self.config.timeout_s
+
+    @property
     def control_address(self) -> tuple[str, int]:
         """``(host, port)`` of the control listener (after :meth:`start`)."""
         if self._listener is None:
@@ -154,14 +227,19 @@ class Cluster:
         return [int(h["pid"]) for h in self.hello]
 
     def start(self) -> list[dict[str, Any]]:
-        """Open the listener, launch the ranks and wait until all of them connected.
+        """Open the listener, launch the ranks, wait for all of them, send the config.
+
+        Every rank connects and says hello (rank, pid, host); then each receives
+        :attr:`config` as the ``launch`` message, joins the process group with it and
+        answers ``ready`` with what it applied (backend, device, threads, timeout).
 
         Returns:
-            The ranks' hello messages, ordered by rank.
+            Per rank, ordered by rank, its hello merged with its ``ready`` reply.
 
         Raises:
-            WorkerFailed: the launcher exited or ranks did not connect within
-                ``start_timeout_s`` (all processes are killed first).
+            WorkerFailed: the launcher exited, ranks did not connect or get ready within
+                ``start_timeout_s``, or a rank failed to apply the config (all processes
+                are killed first).
         """
         if self._alive:
             return self.hello
@@ -181,11 +259,8 @@ class Cluster:
                 {
                     "TMPDIR": str(self._scratch),
                     "COMMGYM_AUTHKEY": self._authkey.hex(),
-                    "COMMGYM_BACKEND": self.backend,
-                    "COMMGYM_TIMEOUT_S": repr(self.timeout_s),
-                    "COMMGYM_THREADS": str(self.threads_per_rank),
-                    "COMMGYM_WORKLOAD_MODULES": ",".join(self.workload_modules),
-                    "OMP_NUM_THREADS": str(self.threads_per_rank),
+                    # read by the OpenMP runtime when the rank starts, before any message
+                    "OMP_NUM_THREADS": str(self.config.threads_per_rank),
                 }
             )
             worker = ["-m", "commgym.env.worker", "--control", f"{host}:{port}"]
@@ -263,6 +338,11 @@ class Cluster:
         self._conns = [c for c in by_rank if c is not None]
         self.hello = [h for h in hello if h is not None]
         self._alive = True
+        try:
+            ready = self.command(self.config.to_message(), timeout_s=self.start_timeout_s)
+        except CommgymError as err:  # the cluster is already killed
+            raise WorkerFailed(f"cluster start failed: {err}") from None
+        self.hello = [{**h, **r} for h, r in zip(self.hello, ready, strict=True)]
         return self.hello
 
     def command(self, msg: dict[str, Any], timeout_s: float | None = None) -> list[dict[str, Any]]:
@@ -282,7 +362,7 @@ class Cluster:
         """
         if not self.alive:
             raise WorkerFailed("cluster is not running (it failed earlier or was closed)")
-        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        timeout = self.config.timeout_s if timeout_s is None else float(timeout_s)
         try:
             for c in self._conns:
                 c.send(msg)

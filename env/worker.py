@@ -1,13 +1,23 @@
 """One training rank of the environment, launched by torchrun.
 
 ``python -m commgym.env.worker --control HOST:PORT`` (with ``COMMGYM_AUTHKEY`` set)
-initialises ``torch.distributed`` from torchrun's variables, connects to the environment's
-control listener, says hello and then executes commands until ``close`` or until the
-connection drops (the environment died: the rank exits, it never lingers).
+connects to the environment's control listener and says hello (rank, world size, pid,
+host; rank and world size are torchrun's). The first command is ``launch``, which holds
+the cluster's :class:`~commgym.env.cluster.LaunchConfig`: the rank imports the workload
+modules, sets its threads and device, initialises ``torch.distributed`` (rendezvous from
+torchrun's variables, backend and timeout from the config) and replies ``ready``. No
+setting is read from the environment except the key, which the rank needs to connect at
+all. It then executes commands until ``close`` or until the connection drops (the
+environment died: the rank exits, it never lingers).
 
 Commands (dicts with ``"cmd"``), each answered by exactly one reply dict:
 
-``reset``  rebuild model, optimizer, data order and synchronizer from ``seed``; reply with
+``launch`` (first, exactly once) apply the :class:`~commgym.env.cluster.LaunchConfig`;
+           reply ``ready`` with what was applied: ``backend`` (the process group's),
+           ``device``, ``threads`` (``torch.get_num_threads()``), ``timeout_s`` and
+           ``workload_modules`` (as passed to ``init_process_group`` / imported).
+``reset``  rebuild model, optimizer, data order and synchronizer from ``seed`` (the
+           workload, batch size and learning rate are the launch config's); reply with
            the initial held-out loss/accuracy and the reset time.
 ``step``   apply ``config`` (a ``CommConfig`` dict) and run ``steps`` real training
            iterations; reply with the measured statistics (see :class:`RankRunner.step`).
@@ -19,6 +29,7 @@ Commands (dicts with ``"cmd"``), each answered by exactly one reply dict:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import importlib
@@ -35,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from commgym.collectives import CommConfig, GradientSynchronizer
+from commgym.env.cluster import LaunchConfig
 from commgym.env.measure import DecisionRecorder
 
 __all__ = ["RankRunner", "main"]
@@ -51,24 +63,34 @@ class RankRunner:
         rank: this rank.
         world_size: number of ranks.
         device: torch device of the model.
+        config: the cluster's launch config (workload, batch size, learning rate).
     """
 
-    def __init__(self, rank: int, world_size: int, device: torch.device) -> None:
+    def __init__(
+        self, rank: int, world_size: int, device: torch.device, config: LaunchConfig
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device
+        self.config = config
         self.sync: GradientSynchronizer | None = None
         self.model: torch.nn.Module | None = None
         self.recorder = DecisionRecorder()
 
     # -- commands -------------------------------------------------------------------
     def reset(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Rebuild everything from ``msg["seed"]`` (no process is restarted)."""
+        """Rebuild everything from ``msg["seed"]`` (no process is restarted).
+
+        Raises:
+            RuntimeError: the launch config names no workload (a benchmark-only cluster).
+        """
         from commgym.env.workloads import get_workload
 
+        if self.config.workload is None:
+            raise RuntimeError("reset on a cluster launched without a workload")
         t0 = time.perf_counter()
         seed = int(msg["seed"])
-        wl = get_workload(msg["workload"])
+        wl = get_workload(self.config.workload)
         self.workload = wl
         torch.manual_seed(seed)
         if self.sync is not None:
@@ -79,7 +101,7 @@ class RankRunner:
             for p in model.parameters():
                 dist.broadcast(p.data, src=0)
         self.model = model
-        lr = float(msg.get("lr") or wl.default_lr)
+        lr = float(self.config.lr or wl.default_lr)
         if wl.optimizer == "adam":
             self.opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         else:
@@ -88,7 +110,7 @@ class RankRunner:
             model, CommConfig(**msg["config"]), seed=seed, error_every=0, optimizer=self.opt
         )
         data = wl.load_data()
-        self.batch_size = int(msg.get("batch_size") or wl.default_batch_size)
+        self.batch_size = int(self.config.batch_size or wl.default_batch_size)
         gen = torch.Generator().manual_seed(seed)
         perm = torch.randperm(len(data.train_x), generator=gen)
         shard = perm[self.rank :: self.world_size]
@@ -110,6 +132,8 @@ class RankRunner:
             "eval_n": eval_n,
             "num_params": sum(p.numel() for p in model.parameters()),
             "shard_size": len(self.train_x),
+            "batch_size": self.batch_size,
+            "lr": lr,
             "reset_s": time.perf_counter() - t0,
         }
 
@@ -246,6 +270,25 @@ def bench_allgather(msg: dict[str, Any], device: torch.device) -> dict[str, Any]
     return {"type": "bench", "seconds": out}
 
 
+def _apply_launch(config: LaunchConfig) -> torch.device:
+    """Import the workload modules, set threads and device, join the process group.
+
+    Returns:
+        The device this rank's model lives on.
+    """
+    for mod in config.workload_modules:
+        importlib.import_module(mod)
+    torch.set_num_threads(config.threads_per_rank)
+    if config.backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", "0"))  # torchrun's, not a setting
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(config.backend, timeout=datetime.timedelta(seconds=config.timeout_s))
+    return device
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a rank (run by torchrun). Returns the process exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -256,20 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     if not key:
         print("commgym.env.worker: COMMGYM_AUTHKEY is not set", file=sys.stderr)
         return 2
-    for mod in filter(None, os.environ.get("COMMGYM_WORKLOAD_MODULES", "").split(",")):
-        importlib.import_module(mod)
-    torch.set_num_threads(int(os.environ.get("COMMGYM_THREADS", "1")))
-    backend = os.environ.get("COMMGYM_BACKEND", "gloo")
-    timeout_s = float(os.environ.get("COMMGYM_TIMEOUT_S", "120"))
+    # rendezvous facts torchrun sets for every rank (not commgym settings)
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    if backend == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     conn = Client((host, int(port)), authkey=bytes.fromhex(key))
     conn.send(
         {
@@ -278,11 +310,32 @@ def main(argv: list[str] | None = None) -> int:
             "world_size": world,
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "backend": backend,
-            "device": str(device),
         }
     )
-    runner = RankRunner(rank, world, device)
+    try:
+        msg = conn.recv()
+    except (EOFError, OSError):
+        conn.close()
+        return 1  # the environment went away before sending the config
+    try:
+        config = LaunchConfig.from_message(msg)
+        device = _apply_launch(config)
+    except Exception:
+        with contextlib.suppress(OSError):
+            conn.send({"type": "error", "traceback": traceback.format_exc()})
+        conn.close()
+        return 1
+    conn.send(
+        {
+            "type": "ready",
+            "backend": dist.get_backend(),
+            "device": str(device),
+            "threads": torch.get_num_threads(),
+            "timeout_s": config.timeout_s,
+            "workload_modules": list(config.workload_modules),
+        }
+    )
+    runner = RankRunner(rank, world, device, config)
     handlers = {
         "reset": runner.reset,
         "step": runner.step,

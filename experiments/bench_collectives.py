@@ -31,11 +31,11 @@ def run_collectives_benchmark(
         ``{"samples": [[kind, W, bytes, s], ...], "alpha_s", "beta_s_per_byte"}``; the
         JSON file (if given) holds ``samples`` only, as ``fit_surrogate`` reads it.
     """
-    from commgym.env.cluster import Cluster
+    from commgym.env.cluster import Cluster, LaunchConfig
     from commgym.env.surrogate import AlphaBeta, bench_collectives
 
     sizes = [int(kb * 1024) for kb in (sizes_kb or [4, 64, 512, 4096])]
-    cluster = Cluster(world_size, timeout_s=600)
+    cluster = Cluster(world_size, LaunchConfig(timeout_s=600))
     try:
         cluster.start()
         samples = bench_collectives(cluster, sizes, repeats)

@@ -41,7 +41,7 @@ def run_netem_benchmark(
     Raises:
         RuntimeError: network emulation is not available on this machine.
     """
-    from commgym.env.cluster import Cluster
+    from commgym.env.cluster import Cluster, LaunchConfig
     from commgym.env.net import EmulatedNetwork, NetworkSpec, delay_available, netem_available
 
     ok, why = netem_available()
@@ -60,7 +60,7 @@ def run_netem_benchmark(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 net = EmulatedNetwork(world, spec, strict=False)
-            cluster = Cluster(world, network=net, timeout_s=600)
+            cluster = Cluster(world, LaunchConfig(timeout_s=600), network=net)
             try:
                 cluster.start()
                 sizes = [int(mb * 1024 * 1024) for mb in sizes_mb]

@@ -10,7 +10,31 @@ cleanup`` and the ``bench`` group. Conventions every command keeps:
   emulated network removed, the MLflow run marked ``KILLED``) and the exit status is
   ``128 + signal``;
 * option help that lists names (agents, workloads, shipped scenarios) is generated
-  from the registries when help is shown.
+  from the registries when help is shown;
+* options of config fields are generated, not written here: ``CLI_FIELDS`` in
+  :mod:`commgym.experiments.config` holds each field's flag, help and bound, the type is
+  the field's annotation (:mod:`commgym.experiments.cli_options`). ``train`` takes every
+  field of the table; ``evaluate``, ``replay`` and ``collect`` name theirs. The command
+  gets the values given as ``overrides`` and resolves one ``RunConfig``; the env runs
+  from its ``env_config``.
+
+A command in another module reuses the env options (``ENV_OPTIONS``: ``--workload``,
+``--world-size``, ``--network``, ``--network-strict/--drop-impairments``,
+``--steps-per-decision``, ``--time-budget-s``) like this::
+
+    from commgym.experiments.cli import app
+    from commgym.experiments.cli_options import CONFIG_HELP, ENV_OPTIONS, config_command
+
+    @config_command(app, "leaderboard", *ENV_OPTIONS, "seed")
+    def leaderboard_cmd(
+        config: str | None = typer.Option(None, "--config", help=CONFIG_HELP),
+        *,
+        overrides: dict[str, Any],
+    ) -> None:
+        cfg = load_run_config(config or "default", overrides)  # cfg.env_config
+
+and this module imports that one at its end (``import commgym.experiments.leaderboard``),
+so the command is registered whenever ``app`` is.
 """
 
 from __future__ import annotations
@@ -23,38 +47,15 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from typer.core import TyperCommand
 
+from commgym.experiments.cli_options import (
+    CONFIG_HELP,
+    ENV_OPTIONS,
+    RegistryHelpCommand,
+    config_command,
+)
 
-def _registry_lists() -> dict[str, str]:
-    """Names for option help, read from the registries (imports torch: help time only)."""
-    from commgym.agents import agent_names
-    from commgym.env.workloads import WORKLOADS
-    from commgym.experiments.config import shipped_configs
-
-    return {
-        "agents": ", ".join(agent_names()),
-        "workloads": ", ".join(WORKLOADS),
-        "configs": ", ".join(shipped_configs()),
-    }
-
-
-class RegistryHelpCommand(TyperCommand):
-    """A command whose option help may name ``{agents}``, ``{workloads}``, ``{configs}``.
-
-    The lists are filled in from the registries when help is rendered, so they cannot
-    drift from what the command accepts, and normal runs do not pay for the imports.
-    """
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:  # noqa: D102
-        lists: dict[str, str] | None = None
-        for param in self.params:
-            template = getattr(param, "_help_template", None) or getattr(param, "help", None)
-            if template and "{" in template:
-                lists = lists if lists is not None else _registry_lists()
-                param._help_template = template  # type: ignore[attr-defined]
-                param.help = template.format(**lists)  # type: ignore[attr-defined]
-        return super().format_help(ctx, formatter)
+__all__ = ["COLLECT_OPTIONS", "EVALUATE_OPTIONS", "REPLAY_OPTIONS", "RegistryHelpCommand", "app"]
 
 
 app = typer.Typer(
@@ -245,10 +246,6 @@ def netem_cleanup() -> None:
     )
 
 
-def _overrides(**kw: object) -> dict[str, object]:
-    return {k.replace("__", "."): v for k, v in kw.items() if v is not None}
-
-
 def _fail(err: Exception | str) -> None:
     """One ``error:`` line on stderr, exit status 2."""
     text = " ".join(str(err).split())  # one line, whatever the exception's text holds
@@ -322,102 +319,23 @@ def _check_outputs(cfg: Any) -> None:
     _check_tracking(cfg.tracking_uri)
 
 
-_CONFIG_HELP = "YAML scenario file, or a shipped name: {configs} (default: default)."
-_AGENT_HELP = "Agent name: {agents}; or static:<menu entry>, e.g. static:int8/4MB/H1."
-_WORKLOAD_HELP = "Workload: {workloads} (default scenario: mlp-digits)."
-_NETWORK_HELP = (
-    "Emulated cluster network for every rank, a spec or profile, e.g. 100mbit, "
-    "1gbit:200us, ethernet-1g, wan-100m (needs root or CAP_NET_ADMIN; default: loopback)."
-)
-_TUNING_HELP = (
-    "Real decisions each tuning baseline (bayesopt, grid, bandit, ...) tunes on before "
-    "evaluation; its wall time is reported as tuning cost. Default: as many real decisions "
-    "as the learned agent saw (surrogate_decisions, or timesteps with --env real)."
-)
+#: Options ``commgym evaluate`` takes from the config (the others are its own).
+EVALUATE_OPTIONS: tuple[str, ...] = (
+    "baselines", "episodes", *ENV_OPTIONS, "tuning_decisions", "tracking_uri", "output_dir",
+)  # fmt: skip
 
 
-@app.command("train", cls=RegistryHelpCommand)
+@config_command(app, "train")  # every field of CLI_FIELDS
 def train_cmd(
-    config: str | None = typer.Option(None, "--config", help=_CONFIG_HELP),
-    agent: str | None = typer.Option(
-        None, "--agent", help=_AGENT_HELP + " (default scenario: ppo)"
-    ),
-    workload: str | None = typer.Option(None, "--workload", help=_WORKLOAD_HELP),
-    world_size: int | None = typer.Option(
-        None, "--world-size", min=1, help="Number of ranks (default scenario: 2)."
-    ),
-    timesteps: int | None = typer.Option(
-        None, "--timesteps", min=1, help="Training decisions (default scenario: 20000)."
-    ),
-    network: str | None = typer.Option(None, "--network", help=_NETWORK_HELP),
-    seed: int | None = typer.Option(None, "--seed", help="Agent / training seed."),
-    steps_per_decision: int | None = typer.Option(
-        None,
-        "--steps-per-decision",
-        min=1,
-        help="Training iterations per decision (default scenario: 10).",
-    ),
-    time_budget_s: float | None = typer.Option(
-        None, "--time-budget-s", help="Training seconds per episode (default scenario: 2)."
-    ),
-    episodes: int | None = typer.Option(
-        None, "--episodes", min=1, help="Evaluation seeds per agent (default scenario: 3)."
-    ),
-    baselines: str | None = typer.Option(
-        None, "--baselines", help="Comma-separated agents to compare (names as for --agent)."
-    ),
-    tuning_decisions: int | None = typer.Option(
-        None, "--tuning-decisions", min=1, help=_TUNING_HELP
-    ),
-    tracking_uri: str | None = typer.Option(
-        None, "--tracking-uri", help="MLflow tracking URI (default: sqlite:///$PWD/mlflow.db)."
-    ),
-    output_dir: str | None = typer.Option(
-        None, "--output-dir", help="Folder for policy, plots, CSVs (default: commgym-out)."
-    ),
-    env_kind: str | None = typer.Option(
-        None,
-        "--env",
-        help="Where the agent learns: 'surrogate' (default scenario: fitted first from real "
-        "decisions) or 'real' ranks. Evaluation always runs on real ranks.",
-    ),
-    surrogate: str | None = typer.Option(
-        None,
-        "--surrogate",
-        help="Surrogate model file (with --env surrogate; unset: collect and fit first).",
-    ),
-    surrogate_decisions: int | None = typer.Option(
-        None,
-        "--surrogate-decisions",
-        min=1,
-        help="Real decisions recorded to fit the surrogate (default scenario: 400).",
-    ),
+    config: str | None = typer.Option(None, "--config", help=CONFIG_HELP),
+    *,
+    overrides: dict[str, Any],
 ) -> None:
     """Train an agent on real all-reduce runs, save the policy, compare it with the baselines."""
     from commgym.experiments.config import load_run_config
 
     try:
-        cfg = load_run_config(
-            config or "default",
-            _overrides(
-                agent=agent,
-                timesteps=timesteps,
-                seed=seed,
-                episodes=episodes,
-                baselines=baselines,
-                tuning_decisions=tuning_decisions,
-                tracking_uri=tracking_uri,
-                output_dir=output_dir,
-                env_kind=env_kind,
-                surrogate=surrogate,
-                surrogate_decisions=surrogate_decisions,
-                env__workload=workload,
-                env__world_size=world_size,
-                env__network=network,
-                env__steps_per_decision=steps_per_decision,
-                env__time_budget_s=time_budget_s,
-            ),
-        )
+        cfg = load_run_config(config or "default", overrides)
         _check_outputs(cfg)
     except (ValueError, FileNotFoundError) as err:
         _fail(err)
@@ -429,55 +347,20 @@ def train_cmd(
         _fail(err)
 
 
-@app.command("evaluate", cls=RegistryHelpCommand)
+@config_command(app, "evaluate", *EVALUATE_OPTIONS)
 def evaluate_cmd(
     policy: str = typer.Option(
         ..., "--policy", help="Policy file saved by `commgym train`, or static:<preset>."
     ),
-    baselines: str | None = typer.Option(
-        None,
-        "--baselines",
-        help="Comma-separated agents, e.g. static:ddp-default,static:fp16-dense,bayesopt. "
-        "Known: {agents}.",
-    ),
-    episodes: int | None = typer.Option(
-        None, "--episodes", min=1, help="Evaluation seeds per agent (default scenario: 3)."
-    ),
-    config: str | None = typer.Option(None, "--config", help=_CONFIG_HELP),
-    workload: str | None = typer.Option(None, "--workload", help=_WORKLOAD_HELP),
-    world_size: int | None = typer.Option(None, "--world-size", min=1, help="Number of ranks."),
-    network: str | None = typer.Option(None, "--network", help=_NETWORK_HELP),
-    time_budget_s: float | None = typer.Option(
-        None, "--time-budget-s", help="Training seconds per episode (default scenario: 2)."
-    ),
-    tuning_decisions: int | None = typer.Option(
-        None, "--tuning-decisions", min=1, help=_TUNING_HELP
-    ),
-    tracking_uri: str | None = typer.Option(
-        None, "--tracking-uri", help="MLflow tracking URI (default: sqlite:///$PWD/mlflow.db)."
-    ),
-    output_dir: str | None = typer.Option(
-        None, "--output-dir", help="Folder for plots and CSVs (default: commgym-out)."
-    ),
+    config: str | None = typer.Option(None, "--config", help=CONFIG_HELP),
+    *,
+    overrides: dict[str, Any],
 ) -> None:
     """Compare a saved policy with baselines over the same seeds (mean and 95% interval)."""
     from commgym.experiments.config import load_run_config
 
     try:
-        cfg = load_run_config(
-            config or "default",
-            _overrides(
-                baselines=baselines,
-                episodes=episodes,
-                tuning_decisions=tuning_decisions,
-                tracking_uri=tracking_uri,
-                output_dir=output_dir,
-                env__workload=workload,
-                env__world_size=world_size,
-                env__network=network,
-                env__time_budget_s=time_budget_s,
-            ),
-        )
+        cfg = load_run_config(config or "default", overrides)
         _check_policy_file(policy)
         _check_outputs(cfg)
     except (ValueError, FileNotFoundError) as err:
@@ -579,39 +462,27 @@ _REPLAY_POLICY_FORMS = (
 )
 
 
-@app.command("replay")
+#: Options ``commgym replay`` takes from the config (it starts from the dataclass defaults).
+REPLAY_OPTIONS: tuple[str, ...] = (*ENV_OPTIONS, "env.target_loss", "seed", "baselines")
+
+
+@config_command(app, "replay", *REPLAY_OPTIONS, defaults_from=None)
 def replay_cmd(
     policy: str = typer.Option(
         ..., "--policy", help="Policy file saved by `commgym train`, or static:<preset>."
     ),
-    workload: str = typer.Option("mlp-digits", "--workload", help="Workload name."),
-    world_size: int = typer.Option(2, "--world-size", min=1, help="Number of ranks."),
-    network: str | None = typer.Option(
-        None, "--network", help="Emulated network spec/profile (needs CAP_NET_ADMIN)."
-    ),
     steps: int | None = typer.Option(
         None, "--steps", min=1, help="Cap on training iterations per run."
     ),
-    time_budget_s: float = typer.Option(
-        30.0, "--time-budget-s", help="Training seconds per run (truncates)."
-    ),
-    target_loss: float | None = typer.Option(
-        None, "--target-loss", help="Held-out loss that ends a run (time-to-target)."
-    ),
-    steps_per_decision: int = typer.Option(
-        10, "--steps-per-decision", min=1, help="Iterations per decision (as in training)."
-    ),
-    seed: int = typer.Option(0, "--seed", help="Seed shared by every agent's run."),
-    baselines: str = typer.Option(
-        "static:ddp-default,static:fp16-dense", "--baselines", help="Comma-separated agents."
-    ),
+    *,
+    overrides: dict[str, Any],
 ) -> None:
     """Full training run with a saved policy and with the static baselines, side by side.
 
     Loading an SB3 policy file (a pickle) from an untrusted source can execute code.
     """
     from commgym.collectives import CommgymError
-    from commgym.experiments.replay import replay
+    from commgym.experiments.replay import replay, replay_config
 
     if not policy.startswith("static:"):
         try:
@@ -619,18 +490,7 @@ def replay_cmd(
         except (ValueError, FileNotFoundError) as err:
             _fail(f"{err}; --policy takes {_REPLAY_POLICY_FORMS}")
     try:
-        replay(
-            policy,
-            workload=workload,
-            world_size=world_size,
-            network=network,
-            steps=steps,
-            time_budget_s=time_budget_s,
-            target_loss=target_loss,
-            steps_per_decision=steps_per_decision,
-            seed=seed,
-            baselines=[b.strip() for b in baselines.split(",") if b.strip()],
-        )
+        replay(policy, replay_config(overrides, steps=steps))
     except FileNotFoundError as err:
         _fail(f"{err}; --policy takes {_REPLAY_POLICY_FORMS}")
     except (ValueError, RuntimeError, CommgymError) as err:
@@ -671,50 +531,43 @@ def bench_surrogate_cmd(
         _fail(err)
 
 
-@app.command("collect")
+#: Options ``commgym collect`` takes from the config (the others are its own).
+COLLECT_OPTIONS: tuple[str, ...] = (*ENV_OPTIONS, "tracking_uri")
+
+
+@config_command(app, "collect", *COLLECT_OPTIONS)
 def collect_cmd(
     config: str | None = typer.Option(
         None, "--config", help="Scenario whose env section is recorded (default: default)."
     ),
-    workload: str | None = typer.Option(None, "--workload", help="Workload name."),
-    world_size: int | None = typer.Option(None, "--world-size", min=1, help="Number of ranks."),
-    network: str | None = typer.Option(None, "--network", help="Emulated network spec."),
     decisions: int = typer.Option(200, "--decisions", min=1, help="Real decisions to record."),
     policy: str = typer.Option(
         "sticky", "--policy", help="Exploration policy: sticky, random, grid."
     ),
-    steps_per_decision: int | None = typer.Option(None, "--steps-per-decision", min=1),
-    time_budget_s: float | None = typer.Option(None, "--time-budget-s"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of the first episode and of the exploration policy."
+    ),
     out: str = typer.Option("commgym-out/transitions.csv", "--out", help="CSV or .parquet."),
     bench: bool = typer.Option(True, "--bench/--no-bench", help="Also time collectives."),
     fit: str | None = typer.Option(None, "--fit", help="Also fit a surrogate, save it here."),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    *,
+    overrides: dict[str, Any],
 ) -> None:
     """Record real decisions of a scenario (the surrogate's data), logged to MLflow."""
     from commgym.experiments.collect import collect, fit_surrogate
     from commgym.experiments.config import load_run_config
 
     try:
-        cfg = load_run_config(
-            config or "default",
-            _overrides(
-                env__workload=workload,
-                env__world_size=world_size,
-                env__network=network,
-                env__steps_per_decision=steps_per_decision,
-                env__time_budget_s=time_budget_s,
-            ),
-        )
+        cfg = load_run_config(config or "default", {**overrides, "env.seed": seed})
         res = collect(
-            env_kwargs=cfg.env, decisions=decisions, policy=policy, seed=seed, out=out,
-            bench=bench, tracking_uri=tracking_uri,
+            cfg.env_config, decisions=decisions, policy=policy, seed=seed, out=out,
+            bench=bench, tracking_uri=cfg.tracking_uri,
         )  # fmt: skip
     except (ValueError, RuntimeError, FileNotFoundError) as err:
         _fail(err)
     typer.echo(f"{res['decisions']} decisions in {res['seconds']:.1f} s -> {res['path']}")
     if fit:
-        fit_surrogate([res["path"]], fit, bench=res["bench_path"], menu=cfg.env.get("action_menu"))
+        fit_surrogate([res["path"]], fit, bench=res["bench_path"], menu=cfg.env_config.menu)
         typer.echo(f"surrogate saved to {fit}")
 
 

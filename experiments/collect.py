@@ -12,13 +12,17 @@ logs the dataset as an MLflow artifact.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from commgym.env import EnvConfig
 
 __all__ = ["collect", "collect_transitions", "fit_surrogate", "record_dataset"]
 
@@ -143,8 +147,8 @@ def fit_surrogate(
 
 
 def collect(
+    env_config: EnvConfig | dict[str, Any] | None = None,
     *,
-    env_kwargs: dict[str, Any] | None = None,
     decisions: int = 200,
     policy: str = "random",
     seed: int = 0,
@@ -156,10 +160,11 @@ def collect(
     """Collect a dataset on real ranks and log it as an MLflow run.
 
     Args:
-        env_kwargs: ``EnvConfig`` fields of the scenario (``workload``, ``world_size``,
-            ``network``, ``steps_per_decision``, ``time_budget_s``, ``reward``,
-            ``target_loss``, ``action_menu``...); the scenario the surrogate will stand in
-            for, e.g. the ``env`` section of ``experiments/configs/default.yaml``.
+        env_config: the scenario the surrogate will stand in for: an ``EnvConfig`` (used
+            as it is, e.g. ``load_run_config(...).env_config``), or its fields
+            (``workload``, ``world_size``, ``network``, ``steps_per_decision``, ...), e.g.
+            the ``env`` section of ``experiments/configs/default.yaml``. Its ``seed`` is
+            set to ``seed``.
         decisions: real decisions to record (episodes restart as they end).
         policy: exploration policy, ``"sticky"``, ``"random"`` or ``"grid"``.
         seed: seed of the first episode and of the exploration policy.
@@ -178,18 +183,22 @@ def collect(
     import gymnasium as gym
 
     import commgym.env  # noqa: F401 - registers the env
+    from commgym.env import EnvConfig
     from commgym.experiments.tracking import Tracker, reproducibility_params
 
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; valid: {list(POLICIES)}")
     out = Path(out)
-    env_kwargs = {**(env_kwargs or {}), "seed": seed}
+    if not isinstance(env_config, EnvConfig):
+        env_config = EnvConfig(**{**(env_config or {}), "seed": seed})
+    elif env_config.seed != seed:
+        env_config = dataclasses.replace(env_config, seed=seed)
     tracker = Tracker(tracking_uri, experiment=experiment)
     params = {
-        **{k: v for k, v in env_kwargs.items() if k != "action_menu"},
+        **{k: v for k, v in env_config.to_dict().items() if k != "action_menu"},
         "decisions": decisions, "policy": policy,
     }  # fmt: skip
-    env = gym.make("commgym/AllReduce-v0", **env_kwargs)
+    env = gym.make("commgym/AllReduce-v0", config=env_config)
     try:
         with tracker.start_run(
             f"collect-{policy}", params={**params, **reproducibility_params()},

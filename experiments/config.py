@@ -10,7 +10,14 @@ from typing import Any
 
 import yaml
 
-__all__ = ["CONFIG_DIR", "RunConfig", "load_run_config", "shipped_configs"]
+__all__ = [
+    "CLI_FIELDS",
+    "CONFIG_DIR",
+    "CliField",
+    "RunConfig",
+    "load_run_config",
+    "shipped_configs",
+]
 
 #: Folder of the scenario files shipped with commgym (see :func:`shipped_configs`).
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -140,6 +147,88 @@ class RunConfig:
             d["tuning_decisions"] = self.resolved_tuning_decisions
             d["env"] = self.env_config.to_dict()
         return d
+
+
+@dataclass(frozen=True)
+class CliField:
+    """How one config field is offered on the command line (see :data:`CLI_FIELDS`).
+
+    The option's type comes from the field's annotation (``X | None`` gives ``X``), its
+    default is "not given" (the scenario, or the dataclass default, decides), and its
+    value lands in :func:`load_run_config`'s overrides under the field's key.
+
+    Attributes:
+        help: option help. ``{agents}``, ``{workloads}`` and ``{configs}`` are filled
+            from the registries when help is shown; the resolved default is appended.
+        flag: option declaration; default ``--<field-name>`` (``--<name>/--no-<name>``
+            for a bool).
+        min: lower bound the parser enforces (numbers).
+        cli_type: the command-line type where the field's own is wider (``network`` also
+            takes schedules and profile dicts in YAML; on the command line a spec string).
+        show_default: append the resolved default to the help (off where ``help`` says
+            what "unset" means).
+    """
+
+    help: str
+    flag: str | None = None
+    min: int | float | None = None
+    cli_type: type | None = None
+    show_default: bool = True
+
+
+_TUNING_HELP = (
+    "Real decisions each tuning baseline (bayesopt, grid, bandit, ...) tunes on before "
+    "evaluation; its wall time is reported as tuning cost. Default: as many real decisions "
+    "as the learned agent saw (surrogate_decisions, or timesteps with --env real)."
+)
+
+#: Command-line options of config fields, by key: a :class:`RunConfig` field name, or
+#: ``env.<EnvConfig field>``. A field listed here becomes an option of every command that
+#: takes all config options (``commgym train``) and may be named by the others; its type
+#: and value checks are the dataclass's own.
+CLI_FIELDS: dict[str, CliField] = {
+    "agent": CliField("Agent name: {agents}; or static:<menu entry>, e.g. static:int8/4MB/H1."),
+    "env.workload": CliField("Workload: {workloads}."),
+    "env.world_size": CliField("Number of ranks.", min=1),
+    "timesteps": CliField("Training decisions.", min=1),
+    "env.network": CliField(
+        "Emulated cluster network for every rank, a spec or profile, e.g. 100mbit, "
+        "1gbit:200us, ethernet-1g, wan-100m (needs root or CAP_NET_ADMIN; default: loopback).",
+        cli_type=str,
+        show_default=False,
+    ),
+    "env.network_strict": CliField(
+        "Without the kernel's netem (sch_netem), refuse (default) or drop delay/jitter/loss "
+        "with a warning and keep the rate shaping.",
+        flag="--network-strict/--drop-impairments",
+        show_default=False,
+    ),
+    "seed": CliField("Agent and episode seed."),
+    "env.steps_per_decision": CliField("Training iterations per decision.", min=1),
+    "env.time_budget_s": CliField("Training seconds per episode (truncates)."),
+    "episodes": CliField("Evaluation seeds per agent.", min=1),
+    "baselines": CliField(
+        "Comma-separated agents to compare, e.g. static:ddp-default,static:fp16-dense,"
+        "bayesopt. Known: {agents}.",
+        cli_type=str,
+    ),
+    "tuning_decisions": CliField(_TUNING_HELP, min=1, show_default=False),
+    "tracking_uri": CliField(
+        "MLflow tracking URI (default: sqlite:///$PWD/mlflow.db).", show_default=False
+    ),
+    "output_dir": CliField("Folder for the policy, plots and CSVs."),
+    "env_kind": CliField(
+        "Where the agent learns: 'surrogate' (fitted first from real decisions unless "
+        "--surrogate is given) or 'real' ranks. Evaluation always runs on real ranks.",
+        flag="--env",
+    ),
+    "surrogate": CliField(
+        "Surrogate model file (with --env surrogate; unset: collect and fit first).",
+        show_default=False,
+    ),
+    "surrogate_decisions": CliField("Real decisions recorded to fit the surrogate.", min=1),
+    "env.target_loss": CliField("Held-out loss that ends an episode (time-to-target)."),
+}
 
 
 def shipped_configs() -> list[str]:

@@ -22,6 +22,7 @@ own loop.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
@@ -32,12 +33,10 @@ from typing import Any
 import numpy as np
 
 from commgym.agents.replay import is_policy_file
+from commgym.experiments.config import RunConfig
 from commgym.experiments.train import EpisodeResult, console, run_episode
 
-__all__ = ["DEFAULT_BASELINES", "replay"]
-
-#: Agents every replay is compared with.
-DEFAULT_BASELINES: tuple[str, ...] = ("static:ddp-default", "static:fp16-dense")
+__all__ = ["replay", "replay_config"]
 
 
 class _TimedPolicy:
@@ -71,34 +70,55 @@ def _replay_one(
         return run_episode(env, agent, seed, label, target, on_step=tick)
 
 
-def replay(
-    policy: str | Path,
-    *,
-    workload: str = "mlp-digits",
-    world_size: int = 2,
-    network: str | None = None,
-    steps: int | None = None,
-    time_budget_s: float = 30.0,
-    target_loss: float | None = None,
-    steps_per_decision: int = 10,
-    seed: int = 0,
-    baselines: tuple[str, ...] | list[str] = DEFAULT_BASELINES,
-) -> dict[str, EpisodeResult]:
+def replay_config(
+    overrides: dict[str, Any] | None = None, *, steps: int | None = None
+) -> RunConfig:
+    """The run configuration of a replay: dataclass defaults < ``overrides``, resolved once.
+
+    Two rules of replay on top of :func:`~commgym.experiments.config.load_run_config`:
+    with ``env.target_loss`` the env's reward becomes ``time_to_target`` (the return then
+    ranks agents by time to target, as the table's own column does; the default
+    ``log_progress`` rewards slow configurations once the loss plateaus), and ``steps``
+    caps each run at ``ceil(steps / steps_per_decision)`` decisions.
+
+    Args:
+        overrides: ``load_run_config`` overrides (``env.workload``, ``env.world_size``,
+            ``env.network``, ``env.time_budget_s``, ``env.target_loss``, ``seed``,
+            ``baselines``, ...). ``seed`` is also the episode seed of every agent's run.
+        steps: cap on training iterations per run (rounded up to whole decisions).
+
+    Returns:
+        The validated :class:`RunConfig`; its ``env_config`` is what the env runs.
+
+    Raises:
+        ValueError: unknown keys or invalid values (the messages ``commgym train`` gives).
+    """
+    from commgym.env import EnvConfig
+    from commgym.experiments.config import load_run_config
+
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if "seed" in given:
+        given.setdefault("env.seed", given["seed"])
+    if given.get("env.target_loss") is not None:
+        given.setdefault("env.reward", "time_to_target")
+    if steps is not None:
+        # the dataclass default when not given (read from the field, not copied)
+        defaults = {f.name: f.default for f in dataclasses.fields(EnvConfig)}
+        per = given.get("env.steps_per_decision", defaults["steps_per_decision"])
+        given["env.max_decisions"] = max(1, math.ceil(steps / per))
+    return load_run_config(None, {"agent": "static", "episodes": 1, **given})
+
+
+def replay(policy: str | Path, config: RunConfig | None = None) -> dict[str, EpisodeResult]:
     """Run the policy and the baselines for one full training run each; print the table.
 
     Args:
         policy: policy zip written by ``commgym train`` / ``Agent.save``, or an agent
             name such as ``static:int8/4MB/H1`` (the names ``--baselines`` takes).
-        workload: workload name (``mlp-digits``, ``cnn-digits``, ``charlm``, ``wide-mlp``).
-        world_size: number of ranks.
-        network: emulated network spec or profile (``"1gbit:1ms"``, ``"ethernet-1g"``);
-            needs root / CAP_NET_ADMIN. None: unshaped loopback.
-        steps: cap on training iterations per run (rounded up to whole decisions).
-        time_budget_s: training-time budget per run, seconds.
-        target_loss: held-out loss that ends a run (time-to-target); None: none.
-        steps_per_decision: iterations per decision (use the policy's training value).
-        seed: episode seed shared by every agent.
-        baselines: agent names compared with the policy.
+        config: from :func:`replay_config` (default: ``replay_config()``): the env every
+            agent runs in (``config.env_config``: workload, world size, network,
+            budget, target), the episode seed (``config.seed``) and the agents compared
+            with the policy (``config.baselines``).
 
     Returns:
         ``EpisodeResult`` by agent label (the policy first).
@@ -114,27 +134,12 @@ def replay(
 
     import commgym.env  # noqa: F401 - registers the env
     from commgym.agents import load_agent, make_agent
-    from commgym.experiments.config import RunConfig
     from commgym.experiments.train import _print_table, _start_ranks
 
-    env_kw: dict[str, Any] = {
-        "workload": workload,
-        "world_size": world_size,
-        "network": network,
-        "steps_per_decision": steps_per_decision,
-        "time_budget_s": time_budget_s,
-        "target_loss": target_loss,
-        "seed": seed,
-    }
-    if target_loss is not None:
-        # the return then ranks agents by time to target, as the table's own column does;
-        # the default log_progress return rewards slow configurations once loss plateaus
-        env_kw["reward"] = "time_to_target"
-    if steps is not None:
-        env_kw["max_decisions"] = max(1, math.ceil(steps / steps_per_decision))
-    # validates every name and env field with the messages `commgym train` gives
-    cfg = RunConfig(agent="static", env=env_kw, episodes=1, baselines=list(baselines))
-    env = gym.make("commgym/AllReduce-v0", **env_kw)
+    cfg = replay_config() if config is None else config
+    env_cfg, seed, baselines = cfg.env_config, cfg.seed, cfg.baselines
+    target_loss, time_budget_s = env_cfg.target_loss, env_cfg.time_budget_s
+    env = gym.make("commgym/AllReduce-v0", config=env_cfg)
     results: dict[str, EpisodeResult] = {}
     try:
         if is_policy_file(policy):

@@ -340,8 +340,7 @@ def _announce(tracker: Any) -> None:
 
 def _start_ranks(cfg: RunConfig, env: gym.Env) -> None:
     """Launch the ranks (first reset) under a spinner; say what network they run on."""
-    world = cfg.env.get("world_size", 2)
-    network = cfg.env.get("network")
+    world, network = cfg.env_config.world_size, cfg.env_config.network
     where = "on an emulated network" if network is not None else "on loopback"
     with phase(f"starting {world} ranks with torchrun {where}"):
         env.reset(seed=cfg.seed)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from commgym.env import AllReduceEnv
-from commgym.env.cluster import Cluster
+from commgym.env.cluster import Cluster, LaunchConfig
 from commgym.env.net import EmulatedNetwork, netem_available, tbf_burst_bytes
 from commgym.env.spaces import effective_bandwidth_gbps
 
@@ -113,7 +113,7 @@ def test_schedule_change_mid_episode_shows_in_bandwidth():
 def test_two_rank_allreduce_matches_ring_model():
     rate = 100e6
     net = EmulatedNetwork(2, "100mbit")
-    cluster = Cluster(2, network=net, timeout_s=120)
+    cluster = Cluster(2, LaunchConfig(timeout_s=120), network=net)
     try:
         cluster.start()
         size = 2 * 1024 * 1024
