@@ -603,22 +603,29 @@ def fit_surrogate_cmd(
         )
 
 
-_LEADERBOARD_SCENARIOS = "default,slow-link,changing-link,mixed-links"
-_LEADERBOARD_AGENTS = (
-    "ppo,autotune,oracle-static,static:ddp-default,static:fp16-dense,bayesopt,bandit,"
-    "accordion,adacomm"
+#: Config options ``commgym leaderboard`` applies to every scenario it runs.
+LEADERBOARD_OPTIONS: tuple[str, ...] = (
+    "timesteps",
+    "surrogate_decisions",
+    "fine_tune_episodes",
+    "tuning_decisions",
+    "env.time_budget_s",
+    "env.max_decisions",
+    "env.network_strict",
+    "tracking_uri",
 )
 
 
-@app.command("leaderboard", cls=RegistryHelpCommand)
+@config_command(app, "leaderboard", *LEADERBOARD_OPTIONS)
 def leaderboard_cmd(
     scenarios: str = typer.Option(
-        _LEADERBOARD_SCENARIOS,
+        "default,slow-link,changing-link,mixed-links",
         "--scenarios",
         help="Comma-separated scenario files or shipped names: {configs}.",
     ),
     agents: str = typer.Option(
-        _LEADERBOARD_AGENTS,
+        "ppo,autotune,oracle-static,static:ddp-default,static:fp16-dense,bayesopt,bandit,"
+        "accordion,adacomm",
         "--agents",
         help="Comma-separated agents: {agents}; SB3 agents (ppo, a2c, dqn) are trained first "
         "by each scenario's recipe unless --policy-dir holds their policy.",
@@ -630,59 +637,28 @@ def leaderboard_cmd(
         help="Folder with <scenario>/<agent>/policy.zip policies to load instead of "
         "training: the --output-dir of an earlier leaderboard.",
     ),
-    timesteps: int | None = typer.Option(
-        None, "--timesteps", min=1, help="Decisions the learned agents train (scenario default)."
-    ),
-    tuning_decisions: int | None = typer.Option(
-        None, "--tuning-decisions", min=1, help=_TUNING_HELP
-    ),
-    time_budget_s: float | None = typer.Option(
-        None, "--time-budget-s", help="Training seconds per episode (scenario default)."
-    ),
-    max_decisions: int | None = typer.Option(
-        None, "--max-decisions", min=1, help="Cap on decisions per episode (smoke runs)."
-    ),
-    surrogate_decisions: int | None = typer.Option(
-        None,
-        "--surrogate-decisions",
-        min=1,
-        help="Real decisions recorded to fit each scenario's surrogate (scenario default).",
-    ),
-    fine_tune_episodes: int | None = typer.Option(
-        None,
-        "--fine-tune-episodes",
-        min=0,
-        max=10,
-        help="Real episodes of fine-tuning after the surrogate (scenario default).",
-    ),
-    tracking_uri: str | None = typer.Option(
-        None, "--tracking-uri", help="MLflow tracking URI (default: sqlite:///$PWD/mlflow.db)."
-    ),
     output_dir: str = typer.Option(
         "commgym-out/leaderboard", "--output-dir", help="Folder for tables, figures, episodes."
     ),
+    *,
+    overrides: dict[str, Any],
 ) -> None:
-    """Scenario x agent x seed on real ranks: time to target against what users would run."""
+    """Scenario x agent x seed on real ranks: time to target against what users would run.
+
+    The given config options apply to every scenario.
+    """
     from commgym.experiments.leaderboard import run_leaderboard
 
-    names = [x.strip() for x in scenarios.split(",") if x.strip()]
-    agent_names = [x.strip() for x in agents.split(",") if x.strip()]
-    overrides = _overrides(
-        timesteps=timesteps,
-        tuning_decisions=tuning_decisions,
-        surrogate_decisions=surrogate_decisions,
-        fine_tune_episodes=fine_tune_episodes,
-        env__time_budget_s=time_budget_s,
-        env__max_decisions=max_decisions,
-    )
+    overrides = dict(overrides)
+    tracking_uri = overrides.pop("tracking_uri", None)
     try:
         _check_writable_dir(output_dir, "--output-dir")
         _check_tracking(tracking_uri)
         if policy_dir is not None and not Path(policy_dir).is_dir():
             raise ValueError(f"--policy-dir {policy_dir!r} is not a folder")
         run_leaderboard(
-            names,
-            agent_names,
+            [x.strip() for x in scenarios.split(",") if x.strip()],
+            [x.strip() for x in agents.split(",") if x.strip()],
             seeds,
             output_dir=output_dir,
             tracking_uri=tracking_uri,

@@ -228,6 +228,10 @@ CLI_FIELDS: dict[str, CliField] = {
     ),
     "surrogate_decisions": CliField("Real decisions recorded to fit the surrogate.", min=1),
     "env.target_loss": CliField("Held-out loss that ends an episode (time-to-target)."),
+    "env.max_decisions": CliField("Cap on decisions per episode (truncates).", min=1),
+    "fine_tune_episodes": CliField(
+        "Real episodes of fine-tuning after learning on the surrogate (0-10).", min=0
+    ),
 }
 
 
