@@ -202,6 +202,9 @@ class Agent(ABC):
 
     #: Registry name (``make_agent(name, env)``).
     name: ClassVar[str] = ""
+    #: True for hindsight baselines that ran the evaluation episodes before acting:
+    #: comparisons report them apart, with their search cost.
+    oracle: ClassVar[bool] = False
 
     def __init__(self, env: gym.Env, *, seed: int | None = None, **hyperparams: Any) -> None:
         self.env = env
@@ -215,6 +218,11 @@ class Agent(ABC):
         self._hyperparams = dict(hyperparams)
 
     # -- interface -----------------------------------------------------------------------
+    @property
+    def display_name(self) -> str:
+        """Label for tables and plots: the registry name (oracles say they are one)."""
+        return self.name
+
     @property
     def hyperparams(self) -> dict[str, Any]:
         """Hyperparameters as plain values (JSON-serialisable; for logging and saving)."""
