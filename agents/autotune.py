@@ -18,6 +18,10 @@ from commgym.env.spaces import OBSERVATION_FIELDS
 __all__ = ["OBJECTIVES", "AutotuneAgent"]
 
 _FIELD = {f.name: i for i, f in enumerate(OBSERVATION_FIELDS)}
+#: Shortest GP length scale, normalised index units. Neighbouring entries lie
+#: 1 / (n - 1) apart (0.25 to 0.5 on the usual menus); shorter scales decorrelate them,
+#: and with a handful of samples EI then only fills space instead of following the trend.
+_MIN_LENGTH_SCALE = 0.2
 
 
 def _progress_per_s(obs: np.ndarray, dt_s: float) -> float:
@@ -98,7 +102,8 @@ class AutotuneAgent(StepAgent):
     * Samples: the DDP default first (``ActionMenu.default_action``: ``none``/25 MiB/H1
       where on the menu), then ``n_initial - 1`` random unsampled entries, then the
       expected-improvement maximiser of a GP over the menu (``bayesopt.fit_gp``,
-      ``bayesopt.propose_ei``). After a configuration change the next ``warmup``
+      ``bayesopt.propose_ei``; length scales >= 0.2 so neighbouring entries inform each
+      other) among the entries not yet sampled. After a configuration change the next ``warmup``
       decisions are discarded (Horovod's warmup samples); an entry is held until it has
       given one kept sample. Warmup decisions count among the ``tuning_decisions``.
     * From decision ``tuning_decisions + 1`` on it plays, frozen, the sampled entry with
@@ -233,7 +238,12 @@ class AutotuneAgent(StepAgent):
         unsampled = sorted(set(range(self.menu.size)) - set(t.sampled))
         if len(t.sampled) < self.n_initial and unsampled:
             return int(t.rng.choice(unsampled))
-        return propose_ei(self.features, t.sampled, t.values, self.xi, t.rng, self.seed)
+        # a short search on a discrete menu learns more from a new entry than from
+        # re-measuring one (the GP's noise term already averages what was measured)
+        return propose_ei(
+            self.features, t.sampled, t.values, self.xi, t.rng, self.seed,
+            candidates=unsampled or None, min_length_scale=_MIN_LENGTH_SCALE,
+        )  # fmt: skip
 
     def _decide(self, t: _Tuning, obs: np.ndarray) -> np.ndarray:
         if t.decisions == 0:
@@ -247,7 +257,7 @@ class AutotuneAgent(StepAgent):
                 t.proposal = None
         if t.tuned is None and t.decisions >= self.tuning_decisions:
             t.tuned = (
-                best_sampled(self.features, t.sampled, t.values, self.seed)
+                best_sampled(self.features, t.sampled, t.values, self.seed, _MIN_LENGTH_SCALE)
                 if t.sampled
                 else self._default
             )

@@ -65,7 +65,7 @@ def menu_features(nvec: np.ndarray) -> np.ndarray:
     return grid / np.maximum(nvec - 1, 1)
 
 
-def fit_gp(x: np.ndarray, y: Sequence[float], seed: int | None):
+def fit_gp(x: np.ndarray, y: Sequence[float], seed: int | None, min_length_scale: float = 1e-2):
     """Fit the GP surrogate of the menu-search agents (Horovod's model).
 
     ``Constant * Matern(nu=2.5, ARD) + WhiteKernel`` with ``normalize_y=True`` and two
@@ -75,6 +75,8 @@ def fit_gp(x: np.ndarray, y: Sequence[float], seed: int | None):
         x: float64 ``(n, 3)`` sample features (rows of :func:`menu_features`).
         y: ``n`` objective values (any unit; they are normalised).
         seed: seeds the optimiser restarts (None: not reproducible).
+        min_length_scale: lower bound of the Matern length scales, in normalised index
+            units (upper bound 100).
 
     Returns:
         The fitted ``sklearn.gaussian_process.GaussianProcessRegressor``.
@@ -84,7 +86,7 @@ def fit_gp(x: np.ndarray, y: Sequence[float], seed: int | None):
     from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
 
     kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
-        length_scale=np.full(3, 0.5), length_scale_bounds=(1e-2, 1e2), nu=2.5
+        length_scale=np.full(3, 0.5), length_scale_bounds=(min_length_scale, 1e2), nu=2.5
     ) + WhiteKernel(1e-2, (1e-6, 1e1))
     gp = GaussianProcessRegressor(
         kernel=kernel,
@@ -99,7 +101,11 @@ def fit_gp(x: np.ndarray, y: Sequence[float], seed: int | None):
 
 
 def best_sampled(
-    features: np.ndarray, sampled: Sequence[int], values: Sequence[float], seed: int | None
+    features: np.ndarray,
+    sampled: Sequence[int],
+    values: Sequence[float],
+    seed: int | None,
+    min_length_scale: float = 1e-2,
 ) -> int:
     """The sampled entry with the best GP posterior mean (maximisation).
 
@@ -111,6 +117,7 @@ def best_sampled(
         sampled: flat index of each sample (non-empty).
         values: objective value of each sample (same length).
         seed: GP optimiser seed.
+        min_length_scale: see :func:`fit_gp`.
 
     Returns:
         A flat menu index out of ``sampled``.
@@ -118,7 +125,8 @@ def best_sampled(
     if len(set(values)) == 1 or len(values) < 2:
         return int(sampled[int(np.argmax(values))])
     candidates = sorted(set(sampled))
-    mu = fit_gp(features[list(sampled)], values, seed).predict(features[candidates])
+    gp = fit_gp(features[list(sampled)], values, seed, min_length_scale)
+    mu = gp.predict(features[candidates])
     return int(candidates[int(np.argmax(mu))])
 
 
@@ -129,6 +137,8 @@ def propose_ei(
     xi: float,
     rng: np.random.Generator,
     seed: int | None,
+    candidates: Sequence[int] | None = None,
+    min_length_scale: float = 1e-2,
 ) -> int:
     """The menu entry that maximises expected improvement over the sampled incumbent.
 
@@ -143,6 +153,8 @@ def propose_ei(
         xi: EI margin in standard deviations of ``values`` (>= 0).
         rng: generator of the random fallback draws.
         seed: GP optimiser seed.
+        candidates: flat indices EI may return (default: every entry).
+        min_length_scale: see :func:`fit_gp`.
 
     Returns:
         A flat menu index.
@@ -150,11 +162,12 @@ def propose_ei(
     if len(values) < 2 or np.std(values) == 0:
         unsampled = sorted(set(range(len(features))) - set(sampled))
         return int(rng.choice(unsampled or list(range(len(features)))))
-    gp = fit_gp(features[list(sampled)], values, seed)
-    mu, sigma = gp.predict(features, return_std=True)
+    pool = np.arange(len(features)) if candidates is None else np.asarray(candidates, dtype=int)
+    gp = fit_gp(features[list(sampled)], values, seed, min_length_scale)
+    mu, sigma = gp.predict(features[pool], return_std=True)
     incumbent = float(np.max(gp.predict(features[sorted(set(sampled))])))
     ei = expected_improvement(mu, sigma, incumbent, xi * float(np.std(values)))
-    return int(np.argmax(ei))
+    return int(pool[int(np.argmax(ei))])
 
 
 class BayesOptAgent(StepAgent):

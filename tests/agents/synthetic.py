@@ -83,7 +83,7 @@ class TimedTableEnv(TableEnv):
 
     Entry ``a`` trains for ``decision_time_s(a)`` per decision and lowers the held-out loss
     as ``L <- L * exp(-rate(a) * speed * dt * (1 + noise * N(0, 1)))``, with
-    ``rate(a) = exp(table(a) - 1)`` (1 at ``best``, less elsewhere) and ``speed`` a
+    ``rate(a) = exp(sharpness * (table(a) - 1))`` (1 at ``best``, less elsewhere) and ``speed`` a
     per-seed factor ``1 + 0.1 * (seed % 3)`` (``reset(seed=...)``). So log-loss progress
     per second is ``rate(a) * speed`` (best at ``best``) while iterations per second are
     fastest at ``fastest``. Episode ends, ``info["train_time_s"]``, ``info["measured"]``
@@ -91,9 +91,17 @@ class TimedTableEnv(TableEnv):
     """
 
     def __init__(
-        self, menu=None, best=BEST, noise=0.0, episode_len=40, fastest=(0, 0, 0), **config
+        self,
+        menu=None,
+        best=BEST,
+        noise=0.0,
+        episode_len=40,
+        fastest=(0, 0, 0),
+        sharpness=1.0,
+        **config,
     ):
         super().__init__(menu, best, noise, episode_len)
+        self.sharpness = sharpness
         self.config = TimedConfig(**config)
         if self.config.max_decisions is None:
             self.config.max_decisions = episode_len
@@ -101,7 +109,7 @@ class TimedTableEnv(TableEnv):
         self.speed = 1.0
 
     def rate(self, action) -> float:
-        return math.exp(self.table(action) - 1.0)
+        return math.exp(self.sharpness * (self.table(action) - 1.0))
 
     def decision_time_s(self, action) -> float:
         """0.1 s at ``fastest``, + 0.02 s per index step away from it."""
