@@ -362,6 +362,7 @@ class AutotuneAgent(StepAgent):
 
         Raises:
             ValueError: ``total_timesteps`` is not an integer >= 0.
+            RuntimeError: loaded without an env (as for every agent's ``learn``).
         """
         if (
             isinstance(total_timesteps, bool)
@@ -369,6 +370,7 @@ class AutotuneAgent(StepAgent):
             or total_timesteps < 0
         ):
             raise ValueError(f"total_timesteps must be an integer >= 0, got {total_timesteps!r}")
+        self._require_env()
         return self
 
     def _episode_start(self, obs: np.ndarray) -> None:
