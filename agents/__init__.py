@@ -16,6 +16,7 @@ zip file (``save(path)``, ``load_agent(path, env)``)::
 This package may import stable-baselines3; it never imports MLflow.
 """
 
+from commgym.agents.autotune import AutotuneAgent
 from commgym.agents.bandit import SlidingWindowUCBAgent
 from commgym.agents.base import (
     Agent,
@@ -33,6 +34,7 @@ from commgym.agents.baselines import (
     StaticAgent,
 )
 from commgym.agents.bayesopt import BayesOptAgent
+from commgym.agents.oracle import OracleEntry, OracleEpisode, OracleStaticAgent
 from commgym.agents.registry import AGENTS, agent_names, load_agent, make_agent
 from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent, SB3Agent
 
@@ -43,9 +45,13 @@ __all__ = [
     "AccordionAgent",
     "AdaCommAgent",
     "Agent",
+    "AutotuneAgent",
     "BayesOptAgent",
     "DQNAgent",
     "GridAgent",
+    "OracleEntry",
+    "OracleEpisode",
+    "OracleStaticAgent",
     "PPOAgent",
     "RandomAgent",
     "SB3Agent",

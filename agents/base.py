@@ -224,6 +224,11 @@ class Agent(ABC):
 
     # -- interface -----------------------------------------------------------------------
     @property
+    def display_name(self) -> str:
+        """Label for tables and plots: the registry name (oracles say they are one)."""
+        return self.name
+
+    @property
     def hyperparams(self) -> dict[str, Any]:
         """Hyperparameters as plain values (JSON-serialisable; for logging and saving)."""
         return dict(self._hyperparams)

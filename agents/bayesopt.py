@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -11,7 +12,14 @@ import numpy as np
 
 from commgym.agents.base import StepAgent
 
-__all__ = ["BayesOptAgent", "expected_improvement"]
+__all__ = [
+    "BayesOptAgent",
+    "best_sampled",
+    "expected_improvement",
+    "fit_gp",
+    "menu_features",
+    "propose_ei",
+]
 
 
 def expected_improvement(
@@ -40,6 +48,126 @@ def expected_improvement(
         z = np.where(sigma > 0, gain / sigma, 0.0)
         ei = np.where(sigma > 0, gain * norm.cdf(z) + sigma * norm.pdf(z), np.maximum(gain, 0.0))
     return np.maximum(ei, 0.0)
+
+
+def menu_features(nvec: np.ndarray) -> np.ndarray:
+    """GP inputs of every menu entry: normalised indices, in flat (row-major) order.
+
+    Args:
+        nvec: int ``(3,)``, sizes of the compression, bucket and period lists.
+
+    Returns:
+        float64 ``(prod(nvec), 3)``: ``[i_c / (n_c - 1), i_b / (n_b - 1), i_h / (n_h - 1)]``
+        (0 for a list of one entry); row ``k`` is flat index ``k``.
+    """
+    nvec = np.asarray(nvec, dtype=np.int64)
+    grid = np.array(np.unravel_index(np.arange(int(np.prod(nvec))), tuple(nvec))).T
+    return grid / np.maximum(nvec - 1, 1)
+
+
+def fit_gp(x: np.ndarray, y: Sequence[float], seed: int | None, min_length_scale: float = 1e-2):
+    """Fit the GP surrogate of the menu-search agents (Horovod's model).
+
+    ``Constant * Matern(nu=2.5, ARD) + WhiteKernel`` with ``normalize_y=True`` and two
+    optimiser restarts: the white-noise term absorbs the run-to-run noise of timings.
+
+    Args:
+        x: float64 ``(n, 3)`` sample features (rows of :func:`menu_features`).
+        y: ``n`` objective values (any unit; they are normalised).
+        seed: seeds the optimiser restarts (None: not reproducible).
+        min_length_scale: lower bound of the Matern length scales, in normalised index
+            units (upper bound 100).
+
+    Returns:
+        The fitted ``sklearn.gaussian_process.GaussianProcessRegressor``.
+    """
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+    kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
+        length_scale=np.full(3, 0.5), length_scale_bounds=(min_length_scale, 1e2), nu=2.5
+    ) + WhiteKernel(1e-2, (1e-6, 1e1))
+    gp = GaussianProcessRegressor(
+        kernel=kernel,
+        normalize_y=True,
+        n_restarts_optimizer=2,
+        random_state=None if seed is None else int(seed),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        gp.fit(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+    return gp
+
+
+def best_sampled(
+    features: np.ndarray,
+    sampled: Sequence[int],
+    values: Sequence[float],
+    seed: int | None,
+    min_length_scale: float = 1e-2,
+) -> int:
+    """The sampled entry with the best GP posterior mean (maximisation).
+
+    With fewer than two samples, or all values equal, the best observed value decides
+    (nothing to smooth).
+
+    Args:
+        features: float64 ``(menu.size, 3)`` from :func:`menu_features`.
+        sampled: flat index of each sample (non-empty).
+        values: objective value of each sample (same length).
+        seed: GP optimiser seed.
+        min_length_scale: see :func:`fit_gp`.
+
+    Returns:
+        A flat menu index out of ``sampled``.
+    """
+    if len(set(values)) == 1 or len(values) < 2:
+        return int(sampled[int(np.argmax(values))])
+    candidates = sorted(set(sampled))
+    gp = fit_gp(features[list(sampled)], values, seed, min_length_scale)
+    mu = gp.predict(features[candidates])
+    return int(candidates[int(np.argmax(mu))])
+
+
+def propose_ei(
+    features: np.ndarray,
+    sampled: Sequence[int],
+    values: Sequence[float],
+    xi: float,
+    rng: np.random.Generator,
+    seed: int | None,
+    candidates: Sequence[int] | None = None,
+    min_length_scale: float = 1e-2,
+) -> int:
+    """The menu entry that maximises expected improvement over the sampled incumbent.
+
+    The incumbent is the best posterior mean among sampled entries; the EI margin is
+    ``xi`` standard deviations of the samples. Until the values carry information (fewer
+    than two, or all equal) an unsampled entry is drawn from ``rng`` instead.
+
+    Args:
+        features: float64 ``(menu.size, 3)`` from :func:`menu_features`.
+        sampled: flat index of each sample.
+        values: objective value of each sample (maximised).
+        xi: EI margin in standard deviations of ``values`` (>= 0).
+        rng: generator of the random fallback draws.
+        seed: GP optimiser seed.
+        candidates: flat indices EI may return (default: every entry).
+        min_length_scale: see :func:`fit_gp`.
+
+    Returns:
+        A flat menu index.
+    """
+    if len(values) < 2 or np.std(values) == 0:
+        unsampled = sorted(set(range(len(features))) - set(sampled))
+        return int(rng.choice(unsampled or list(range(len(features)))))
+    pool = np.arange(len(features)) if candidates is None else np.asarray(candidates, dtype=int)
+    gp = fit_gp(features[list(sampled)], values, seed, min_length_scale)
+    mu, sigma = gp.predict(features[pool], return_std=True)
+    incumbent = float(np.max(gp.predict(features[sorted(set(sampled))])))
+    ei = expected_improvement(mu, sigma, incumbent, xi * float(np.std(values)))
+    return int(pool[int(np.argmax(ei))])
 
 
 class BayesOptAgent(StepAgent):
@@ -120,10 +248,8 @@ class BayesOptAgent(StepAgent):
         self.n_initial, self.xi = int(n_initial), float(xi)
         self.retune_every = None if retune_every is None else int(retune_every)
         self._rng = np.random.default_rng(seed)
-        nvec = self.menu.nvec
-        grid = np.array(np.unravel_index(np.arange(self.menu.size), tuple(nvec))).T
         #: features of every menu entry, float64 ``(menu.size, 3)``
-        self.features = grid / np.maximum(nvec - 1, 1)
+        self.features = menu_features(self.menu.nvec)
         self.sampled: list[int] = []  # flat index of each sample
         self.values: list[float] = []  # median reward of each sample
         self.frozen = False
@@ -136,37 +262,13 @@ class BayesOptAgent(StepAgent):
         self._best_cache: tuple[int, int] | None = None  # (len(values), best index)
 
     # -- model ------------------------------------------------------------------------
-    def _fit(self):
-        from sklearn.exceptions import ConvergenceWarning
-        from sklearn.gaussian_process import GaussianProcessRegressor
-        from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
-
-        kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
-            length_scale=np.full(3, 0.5), length_scale_bounds=(1e-2, 1e2), nu=2.5
-        ) + WhiteKernel(1e-2, (1e-6, 1e1))
-        gp = GaussianProcessRegressor(
-            kernel=kernel,
-            normalize_y=True,
-            n_restarts_optimizer=2,
-            random_state=None if self.seed is None else int(self.seed),
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            gp.fit(self.features[self.sampled], np.asarray(self.values, dtype=np.float64))
-        return gp
-
     def best_index(self) -> int:
         """Flat index of the sampled entry with the best posterior mean (default if none)."""
         if not self.values:
             return self._default
         if self._best_cache is not None and self._best_cache[0] == len(self.values):
             return self._best_cache[1]
-        if len(set(self.values)) == 1 or len(self.values) < 2:
-            best = self.sampled[int(np.argmax(self.values))]
-        else:
-            candidates = sorted(set(self.sampled))
-            mu = self._fit().predict(self.features[candidates])
-            best = candidates[int(np.argmax(mu))]
+        best = best_sampled(self.features, self.sampled, self.values, self.seed)
         self._best_cache = (len(self.values), best)
         return best
 
@@ -174,14 +276,7 @@ class BayesOptAgent(StepAgent):
         unsampled = sorted(set(range(self.menu.size)) - set(self.sampled))
         if len(self.sampled) < self.n_initial and unsampled:
             return int(self._rng.choice(unsampled))
-        if len(self.values) < 2 or np.std(self.values) == 0:
-            pool = unsampled or list(range(self.menu.size))
-            return int(self._rng.choice(pool))
-        gp = self._fit()
-        mu, sigma = gp.predict(self.features, return_std=True)
-        incumbent = float(np.max(gp.predict(self.features[sorted(set(self.sampled))])))
-        ei = expected_improvement(mu, sigma, incumbent, self.xi * float(np.std(self.values)))
-        return int(np.argmax(ei))
+        return propose_ei(self.features, self.sampled, self.values, self.xi, self._rng, self.seed)
 
     # -- StepAgent ----------------------------------------------------------------------
     def _act(self, obs: np.ndarray, state: Any, deterministic: bool) -> tuple[np.ndarray, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from commgym.agents.autotune import AutotuneAgent
 from commgym.agents.bandit import SlidingWindowUCBAgent
 from commgym.agents.base import Agent, read_policy_json
 from commgym.agents.baselines import (
@@ -19,6 +20,7 @@ from commgym.agents.baselines import (
     StaticAgent,
 )
 from commgym.agents.bayesopt import BayesOptAgent
+from commgym.agents.oracle import OracleStaticAgent
 from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent
 
 __all__ = ["AGENTS", "agent_names", "load_agent", "make_agent"]
@@ -31,6 +33,8 @@ AGENTS: dict[str, type[Agent]] = {
         RandomAgent,
         GridAgent,
         BayesOptAgent,
+        AutotuneAgent,
+        OracleStaticAgent,
         SlidingWindowUCBAgent,
         AccordionAgent,
         AdaCommAgent,

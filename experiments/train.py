@@ -613,7 +613,7 @@ def _baseline(name: str, env: gym.Env, cfg: RunConfig) -> tuple[Any, TrainingCos
     if agent.oracle:
         t0 = time.perf_counter()
         with phase(f"{name}: every menu entry on the evaluation seeds"):
-            agent.learn(0)
+            agent.learn()
         cost.add("search_s", time.perf_counter() - t0, int(agent.search_decisions))
         console.print(
             f"{name} searched {len(agent.ranking)} entries in {cost.wall_s:.1f} s "

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
 from commgym.env import ActionMenu
-from commgym.env.spaces import ObservationBuilder
+from commgym.env.spaces import REWARDS, ObservationBuilder, decision_outcome
 
 BEST = (2, 1, 2)
 
@@ -65,3 +66,89 @@ class TableEnv(gym.Env):
         obs = self._builder.build(m, a, min(1.0, self._t / self.episode_len))
         truncated = self._t >= self.episode_len
         return obs, reward, False, truncated, {"config": str(self.menu.decode(a))}
+
+
+@dataclass
+class TimedConfig:
+    """The ``EnvConfig`` fields agents and ``decision_outcome`` read."""
+
+    time_budget_s: float = 100.0
+    target_loss: float | None = None
+    max_decisions: int | None = None
+    steps_per_decision: int = 10
+
+
+class TimedTableEnv(TableEnv):
+    """A clocked fake job: each entry has a decision time and a progress rate.
+
+    Entry ``a`` trains for ``decision_time_s(a)`` per decision and lowers the held-out loss
+    as ``L <- L * exp(-rate(a) * speed * dt * (1 + noise * N(0, 1)))``, with
+    ``rate(a) = exp(sharpness * (table(a) - 1))`` (1 at ``best``, less elsewhere) and ``speed`` a
+    per-seed factor ``1 + 0.1 * (seed % 3)`` (``reset(seed=...)``). So log-loss progress
+    per second is ``rate(a) * speed`` (best at ``best``) while iterations per second are
+    fastest at ``fastest``. Episode ends, ``info["train_time_s"]``, ``info["measured"]``
+    and ``elapsed_frac`` follow ``AllReduceEnv`` (``decision_outcome`` decides the end).
+    """
+
+    def __init__(
+        self,
+        menu=None,
+        best=BEST,
+        noise=0.0,
+        episode_len=40,
+        fastest=(0, 0, 0),
+        sharpness=1.0,
+        **config,
+    ):
+        super().__init__(menu, best, noise, episode_len)
+        self.sharpness = sharpness
+        self.config = TimedConfig(**config)
+        if self.config.max_decisions is None:
+            self.config.max_decisions = episode_len
+        self.fastest = np.asarray(fastest, dtype=np.int64)
+        self.speed = 1.0
+
+    def rate(self, action) -> float:
+        return math.exp(self.sharpness * (self.table(action) - 1.0))
+
+    def decision_time_s(self, action) -> float:
+        """0.1 s at ``fastest``, + 0.02 s per index step away from it."""
+        return 0.1 + 0.02 * float(np.abs(np.asarray(action) - self.fastest).sum())
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        if seed is not None:
+            self.speed = 1.0 + 0.1 * (seed % 3)
+        self._train_time_s = 0.0
+        return obs, {"eval_loss": self._loss, "eval_acc": 0.0, "config": info.get("config")}
+
+    def step(self, action):
+        a = np.asarray(action, dtype=np.int64)
+        assert self.action_space.contains(a), a
+        self.steps_total += 1
+        self._t += 1
+        dt = self.decision_time_s(a)
+        progress = self.rate(a) * self.speed * dt
+        progress *= 1.0 + self.noise * float(self.np_random.normal())
+        prev = self._loss
+        self._loss = prev * math.exp(-progress)
+        self._train_time_s += dt
+        cfg = self.config
+        m = {
+            "step_time_s": dt / cfg.steps_per_decision, "comm_wait_s": 0.002,
+            "compress_s": 0.0, "bytes_per_step": 1e5, "bytes_total": 2e5, "comm_s": 0.004,
+            "train_loss": self._loss, "eval_loss": self._loss, "eval_acc": 0.5,
+            "grad_norm": 1.0, "compression_error": 0.0,
+        }  # fmt: skip
+        elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)
+        obs = self._builder.build(m, a, elapsed)
+        reward, terminated, truncated, reason = decision_outcome(
+            cfg, REWARDS["log_progress"], prev_eval_loss=prev, eval_loss=self._loss, dt_s=dt,
+            samples=cfg.steps_per_decision, diverged=False, train_time_s=self._train_time_s,
+            decisions=self._t,
+        )  # fmt: skip
+        info = {
+            "config": str(self.menu.decode(a)), "measured": m, "reason": reason,
+            "train_time_s": self._train_time_s, "elapsed_frac": elapsed,
+        }  # fmt: skip
+        return obs, reward, terminated, truncated, info

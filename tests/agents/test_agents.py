@@ -42,6 +42,7 @@ CASES = {
     "random": ({"seed": 1}, 5),
     "grid": ({}, 50),
     "bayesopt": ({"seed": 0, "budget": 6, "repeats": 1, "warmup": 0}, 12),
+    "autotune": ({"seed": 0, "tuning_decisions": 3}, 0),  # tunes inside episodes only
     "bandit": ({"seed": 0, "window": 50}, 60),
     "accordion": ({}, 5),
     "adacomm": ({}, 5),
@@ -69,8 +70,8 @@ def _observations(env: gym.Env, n: int = 12) -> list[np.ndarray]:
 
 def test_registry_names_and_unknown_name():
     assert set(AGENTS) == {
-        "static", "random", "grid", "bayesopt", "bandit", "accordion", "adacomm",
-        "ppo", "a2c", "dqn",
+        "static", "random", "grid", "bayesopt", "autotune", "oracle-static", "bandit",
+        "accordion", "adacomm", "ppo", "a2c", "dqn",
     }  # fmt: skip
     for name, cls in AGENTS.items():
         assert cls.name == name and issubclass(cls, Agent)

@@ -1,0 +1,451 @@
+"""The best static configuration in hindsight: every menu entry run on the evaluation seeds."""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from commgym.agents.base import LearnCallback, StepAgent, _Progress
+from commgym.agents.baselines import StaticAgent
+from commgym.collectives import CommConfig
+
+__all__ = ["DEFAULT_SEEDS", "OracleEntry", "OracleEpisode", "OracleStaticAgent"]
+
+#: Evaluation seeds searched when none are given.
+DEFAULT_SEEDS: tuple[int, ...] = (1000, 1001, 1002)
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _nan_if_none(x: float | None) -> float:
+    return math.nan if x is None else float(x)
+
+
+@dataclass(frozen=True)
+class OracleEpisode:
+    """One full episode of one static entry on one seed.
+
+    Attributes:
+        seed: the ``env.reset`` seed.
+        decisions: decisions (``env.step`` calls) of the episode.
+        train_time_s: training time at the episode's end, s.
+        time_to_target_s: training time at the first decision whose held-out loss was
+            ``<= target_loss``, s; None if the episode never reached it.
+        final_eval_loss: held-out loss at the end, nats (NaN when diverged).
+        final_eval_acc: held-out accuracy at the end (NaN when not measured).
+        bytes_per_step: mean over decisions of the bytes handed to collectives per
+            iteration, B.
+        episode_return: sum of the env's rewards.
+        reason: the env's ``info["reason"]`` of the last step (``target_reached``,
+            ``time_budget``, ``max_decisions``, ``diverged``, ``failure``).
+    """
+
+    seed: int
+    decisions: int
+    train_time_s: float
+    time_to_target_s: float | None
+    final_eval_loss: float
+    final_eval_acc: float
+    bytes_per_step: float
+    episode_return: float
+    reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe values (non-finite numbers as None)."""
+        d = asdict(self)
+        for k in ("final_eval_loss", "final_eval_acc", "episode_return", "bytes_per_step"):
+            d[k] = _finite_or_none(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OracleEpisode:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            seed=int(d["seed"]),
+            decisions=int(d["decisions"]),
+            train_time_s=float(d["train_time_s"]),
+            time_to_target_s=d["time_to_target_s"],
+            final_eval_loss=_nan_if_none(d["final_eval_loss"]),
+            final_eval_acc=_nan_if_none(d["final_eval_acc"]),
+            bytes_per_step=_nan_if_none(d["bytes_per_step"]),
+            episode_return=_nan_if_none(d["episode_return"]),
+            reason=d["reason"],
+        )
+
+
+@dataclass(frozen=True)
+class OracleEntry:
+    """One menu entry's result over the evaluation seeds (a row of the ranking).
+
+    Attributes:
+        config: the entry, ``str(CommConfig)`` (e.g. ``int8/4MB/H2``).
+        mean_time_to_target_s: mean over seeds of the time to target, s; a seed that
+            missed the target counts as the env's ``time_budget_s``.
+        seeds_reached: seeds on which the target was reached.
+        times_to_target_s: per seed, in seed order (None: missed).
+        final_eval_loss: mean over seeds of the final held-out loss, nats (NaN if any
+            seed diverged).
+        episodes: the full episodes, in seed order.
+    """
+
+    config: str
+    mean_time_to_target_s: float
+    seeds_reached: int
+    times_to_target_s: tuple[float | None, ...]
+    final_eval_loss: float
+    episodes: tuple[OracleEpisode, ...]
+
+    @property
+    def seeds_missed(self) -> int:
+        """Seeds on which the target was not reached."""
+        return len(self.episodes) - self.seeds_reached
+
+    def rank_key(self) -> tuple[int, float, float]:
+        """Sort key of the ranking rule (smaller ranks first).
+
+        ``(seeds missed, mean time to target with misses at the budget, mean final
+        loss with NaN last)``: an entry that reaches the target on every seed ranks
+        before any that misses one; among entries missing equally many seeds the faster
+        mean wins; the final loss breaks ties, so entries missing every seed rank by
+        final loss. Equal keys keep menu order (the sort is stable).
+        """
+        loss = self.final_eval_loss
+        return (
+            self.seeds_missed,
+            self.mean_time_to_target_s,
+            loss if not math.isnan(loss) else math.inf,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe values (non-finite numbers as None)."""
+        return {
+            "config": self.config,
+            "mean_time_to_target_s": self.mean_time_to_target_s,
+            "seeds_reached": self.seeds_reached,
+            "times_to_target_s": list(self.times_to_target_s),
+            "final_eval_loss": _finite_or_none(self.final_eval_loss),
+            "episodes": [e.to_dict() for e in self.episodes],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OracleEntry:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            config=str(d["config"]),
+            mean_time_to_target_s=float(d["mean_time_to_target_s"]),
+            seeds_reached=int(d["seeds_reached"]),
+            times_to_target_s=tuple(d["times_to_target_s"]),
+            final_eval_loss=_nan_if_none(d["final_eval_loss"]),
+            episodes=tuple(OracleEpisode.from_dict(e) for e in d["episodes"]),
+        )
+
+    @classmethod
+    def from_episodes(
+        cls, config: str, episodes: Sequence[OracleEpisode], time_budget_s: float
+    ) -> OracleEntry:
+        """Aggregate one entry's episodes (misses count as ``time_budget_s``)."""
+        times = tuple(e.time_to_target_s for e in episodes)
+        return cls(
+            config=config,
+            mean_time_to_target_s=float(
+                np.mean([time_budget_s if t is None else t for t in times])
+            ),
+            seeds_reached=sum(t is not None for t in times),
+            times_to_target_s=times,
+            final_eval_loss=float(np.mean([e.final_eval_loss for e in episodes])),
+            episodes=tuple(episodes),
+        )
+
+
+class _Stop(Exception):
+    """The search budget or the callback ended the search."""
+
+
+class OracleStaticAgent(StepAgent):
+    """Oracle: the single menu entry with the best time to target on the evaluation seeds.
+
+    The upper bound of every static tuner: ``learn()`` plays every menu entry (a
+    :class:`StaticAgent`) for full episodes on each evaluation seed of the env it is
+    given, ranks the entries, and ``predict`` then always returns the best one. It has
+    seen the evaluation episodes, so it is marked as an oracle (:attr:`oracle`,
+    :attr:`display_name`) and its search cost is reported apart
+    (:attr:`search_cost_s`, :attr:`search_decisions`); its own evaluation on
+    ``seeds`` is the best entry's episodes (``ranking[0].episodes``), no rerun needed.
+
+    **Ranking rule** (:meth:`OracleEntry.rank_key`). Per entry and seed the time to
+    target is the training time (``info["train_time_s"]``) at the first decision whose
+    held-out loss is ``<= target_loss`` (the env's ``config.target_loss``), as in every
+    commgym evaluation. Entries are sorted by
+
+    1. seeds that missed the target, fewest first (an entry reaching it on every seed
+       ranks before all that miss it on any);
+    2. the mean over seeds of the time to target, a missed seed counting as the env's
+       ``time_budget_s``;
+    3. the mean final held-out loss (a diverged seed: last);
+    4. menu order.
+
+    An env without ``target_loss`` makes every entry miss, so the ranking is by final
+    loss (with a warning).
+
+    Args:
+        env: commgym env with ``env.unwrapped.config`` (``time_budget_s``,
+            ``target_loss``); the search runs on it.
+        seeds: evaluation seeds (distinct ints; default ``DEFAULT_SEEDS``).
+        entries: menu entries to search, as ``str(CommConfig)`` strings
+            (``"int8/4MB/H1"``) or static presets (``"ddp-default"``); default: the
+            whole menu, in flat order.
+        seed: unused (the searched episodes use ``seeds``).
+
+    Raises:
+        ValueError: empty or duplicated ``seeds``/``entries``, an entry not on the menu.
+    """
+
+    name = "oracle-static"
+    oracle = True
+
+    def __init__(
+        self,
+        env: gym.Env,
+        *,
+        seed: int | None = None,
+        seeds: Sequence[int] = DEFAULT_SEEDS,
+        entries: Sequence[str] | None = None,
+    ) -> None:
+        if isinstance(seeds, str | bytes) or not isinstance(seeds, Sequence) or not seeds:
+            raise ValueError(f"seeds must be a non-empty list of ints, got {seeds!r}")
+        for s in seeds:
+            if isinstance(s, bool) or not isinstance(s, int | np.integer):
+                raise ValueError(f"seeds must be ints, got {s!r} in {list(seeds)!r}")
+        seeds = [int(s) for s in seeds]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must be distinct, got {seeds}")
+        if entries is not None:
+            if isinstance(entries, str) or not isinstance(entries, Sequence) or not entries:
+                raise ValueError(
+                    f"entries must be None (whole menu) or a non-empty list of menu-entry "
+                    f"strings, got {entries!r}"
+                )
+            entries = [str(e) for e in entries]
+        super().__init__(env, seed=seed, seeds=seeds, entries=entries)
+        self.seeds = seeds
+        # resolved through StaticAgent, so presets and menu strings mean what they mean there
+        self.entries = (
+            [str(self.menu.decode(self._unflat(i))) for i in range(self.menu.size)]
+            if entries is None
+            else [str(StaticAgent(env, preset=e).config) for e in entries]
+        )
+        if len(set(self.entries)) != len(self.entries):
+            raise ValueError(f"entries name a configuration twice: {entries} -> {self.entries}")
+        #: entries, best first (empty before ``learn``)
+        self.ranking: list[OracleEntry] = []
+        #: wall time of the search (resets included), s; None before ``learn``
+        self.search_cost_s: float | None = None
+        #: ``env.step`` calls the search made
+        self.search_decisions = 0
+        #: training time the search's decisions took (sum over episodes), s
+        self.search_train_time_s = 0.0
+        self._best: np.ndarray | None = None
+        self._stop = False
+
+    # -- results ----------------------------------------------------------------------
+    @property
+    def best_config(self) -> CommConfig | None:
+        """The winning entry (None before ``learn``)."""
+        return None if self._best is None else self.menu.decode(self._best)
+
+    @property
+    def display_name(self) -> str:
+        """``oracle-static[<best entry>] (oracle)``; it has seen the evaluation seeds."""
+        best = self.best_config
+        return f"{self.name}[{best}] (oracle)" if best is not None else f"{self.name} (oracle)"
+
+    # -- search -----------------------------------------------------------------------
+    def learn(
+        self,
+        total_timesteps: int | None = None,
+        progress_bar: bool = False,
+        callback: LearnCallback | None = None,
+    ) -> OracleStaticAgent:
+        """Run every entry for a full episode on every seed and rank the entries.
+
+        Args:
+            total_timesteps: optional cap on the search's decisions (None: the full
+                search). Entries whose episodes were not all completed when it stops are
+                left out of the ranking (with a warning).
+            progress_bar: a progress bar over episodes.
+            callback: ``callback(step) -> bool`` after every decision (the keys of
+                :class:`~commgym.agents.base.Agent.learn`; ``timestep`` counts the
+                search's decisions); ``False`` stops the search as the cap does.
+
+        Returns:
+            self, with :attr:`ranking`, :attr:`search_cost_s`, :attr:`search_decisions`
+            and :attr:`search_train_time_s` set.
+
+        Raises:
+            ValueError: ``total_timesteps`` is not None or an integer >= 1.
+            TypeError: the env has no ``config.time_budget_s``.
+            RuntimeError: the search stopped before any entry finished every seed.
+        """
+        if total_timesteps is not None and (
+            isinstance(total_timesteps, bool)
+            or not isinstance(total_timesteps, int | np.integer)
+            or total_timesteps < 1
+        ):
+            raise ValueError(
+                f"total_timesteps must be None (full search) or an integer >= 1, "
+                f"got {total_timesteps!r}"
+            )
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback must be callable(dict) -> bool, got {callback!r}")
+        env = self._require_env()
+        cfg = getattr(env.unwrapped, "config", None)
+        budget = getattr(cfg, "time_budget_s", None)
+        if budget is None:
+            raise TypeError(
+                f"{type(env.unwrapped).__name__} has no config.time_budget_s; oracle-static "
+                "needs a commgym env (the budget is what a missed target counts as)"
+            )
+        target = getattr(cfg, "target_loss", None)
+        if target is None:
+            warnings.warn(
+                "the env has no target_loss: every entry misses the target and the oracle "
+                "ranks entries by final held-out loss",
+                stacklevel=2,
+            )
+        self.search_decisions, self.search_train_time_s = 0, 0.0
+        self._stop = False
+        progress = (
+            _Progress(len(self.entries) * len(self.seeds), type(self).__name__)
+            if progress_bar
+            else None
+        )
+        done: list[OracleEntry] = []
+        t0 = time.perf_counter()
+        try:
+            for entry in self.entries:
+                static = StaticAgent(env, preset=entry)
+                episodes = []
+                for s in self.seeds:
+                    ep = self._episode(env, static, s, target, total_timesteps, callback)
+                    episodes.append(ep)
+                    self.search_train_time_s += episodes[-1].train_time_s
+                    if progress is not None:
+                        progress.advance()
+                done.append(OracleEntry.from_episodes(entry, episodes, float(budget)))
+        except _Stop:
+            left = [e for e in self.entries if e not in {d.config for d in done}]
+            if not done:
+                raise RuntimeError(
+                    f"the search stopped after {self.search_decisions} decisions, before any "
+                    f"entry finished its {len(self.seeds)} seeds; raise total_timesteps"
+                ) from None
+            warnings.warn(
+                f"the search stopped after {self.search_decisions} decisions; entries left "
+                f"out of the ranking: {left}",
+                stacklevel=2,
+            )
+        finally:
+            self.search_cost_s = time.perf_counter() - t0
+            if progress is not None:
+                progress.close()
+        self.ranking = sorted(done, key=OracleEntry.rank_key)
+        self._best = self.menu.encode(self._entry_config(self.ranking[0].config))
+        return self
+
+    def _entry_config(self, config: str) -> CommConfig:
+        return StaticAgent(self.env, preset=config).config
+
+    def _episode(
+        self,
+        env: gym.Env,
+        agent: StaticAgent,
+        seed: int,
+        target: float | None,
+        cap: int | None,
+        callback: LearnCallback | None,
+    ) -> OracleEpisode:
+        """One full episode of ``agent`` from ``env.reset(seed=seed)``."""
+        obs, info = env.reset(seed=seed)
+        loss = float(info.get("eval_loss", math.nan))
+        acc = float(info.get("eval_acc", math.nan))
+        decisions, train_time, total, bytes_sum = 0, 0.0, 0.0, 0.0
+        t_target: float | None = None
+        reason: str | None = None
+        start = np.array([True])
+        while True:
+            if self._stop:
+                raise _Stop
+            action, _ = agent.predict(obs, episode_start=start, deterministic=True)
+            start = np.array([False])
+            obs, reward, terminated, truncated, info = env.step(action)
+            self.search_decisions += 1
+            reason = info.get("reason")
+            m = info.get("measured")
+            if m is not None:  # None: a failed rank, nothing was measured
+                decisions += 1
+                total += float(reward)
+                train_time = float(info["train_time_s"])
+                loss = float(m["eval_loss"])
+                acc = float(m.get("eval_acc", math.nan))
+                bytes_sum += float(m["bytes_per_step"])
+                if t_target is None and target is not None and loss <= target:
+                    t_target = train_time
+            if callback is not None:
+                keep = callback(
+                    {
+                        "obs": obs, "action": action, "reward": float(reward),
+                        "terminated": bool(terminated), "truncated": bool(truncated),
+                        "info": info, "timestep": self.search_decisions,
+                    }
+                )  # fmt: skip
+                self._stop = self._stop or keep is False
+            # checked before the next step, so an episode that ends here still counts
+            self._stop = self._stop or (cap is not None and self.search_decisions >= cap)
+            if terminated or truncated or m is None:
+                break
+        return OracleEpisode(
+            seed=seed,
+            decisions=decisions,
+            train_time_s=train_time,
+            time_to_target_s=t_target,
+            final_eval_loss=loss,
+            final_eval_acc=acc,
+            bytes_per_step=bytes_sum / decisions if decisions else 0.0,
+            episode_return=total,
+            reason=reason,
+        )
+
+    # -- StepAgent --------------------------------------------------------------------
+    def _act(self, obs: np.ndarray, state: Any, deterministic: bool) -> tuple[np.ndarray, Any]:
+        if self._best is None:
+            raise RuntimeError(
+                "oracle-static has no ranking yet: call learn() (it runs every entry on the "
+                "evaluation seeds) or load a saved oracle"
+            )
+        return self._best.copy(), None
+
+    def _get_state(self) -> dict[str, Any]:
+        return {
+            "ranking": [e.to_dict() for e in self.ranking],
+            "search_cost_s": self.search_cost_s,
+            "search_decisions": self.search_decisions,
+            "search_train_time_s": self.search_train_time_s,
+        }
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        if not state.get("ranking"):
+            return
+        self.ranking = [OracleEntry.from_dict(e) for e in state["ranking"]]
+        self.search_cost_s = state["search_cost_s"]
+        self.search_decisions = int(state["search_decisions"])
+        self.search_train_time_s = float(state["search_train_time_s"])
+        self._best = self.menu.encode(self._entry_config(self.ranking[0].config))
