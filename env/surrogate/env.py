@@ -117,6 +117,11 @@ class SurrogateEnv(gym.Env):
         # the real env's resolution of ``network`` (one source of truth for profiles and
         # schedules); imported here as the real env's module imports this package
         self._network_spec_at = network_spec_at
+        net = config._network
+        #: start times of a schedule's entries (none for fixed specs and profiles, which
+        #: are resolved once per episode)
+        self._switch_times = [t for t, _ in net[1]] if net and net[0] == "schedule" else []
+        self._next_switch_s = math.inf
         self._links: dict[Any, tuple[list[Any], list[float]]] = {}
         self._spec: Any = network_spec_at(config._network, config.seed, 0.0)
         self._table, self._prior = self._link_tables(self._spec)
@@ -156,6 +161,9 @@ class SurrogateEnv(gym.Env):
 
     def _set_link(self, elapsed_s: float) -> Any:
         spec = self._network_spec_at(self.config._network, self._episode_seed, elapsed_s)
+        self._next_switch_s = min(
+            (t for t in self._switch_times if t > elapsed_s), default=math.inf
+        )
         if spec != self._spec:
             self._spec = spec
             self._table, self._prior = self._link_tables(spec)
@@ -203,7 +211,11 @@ class SurrogateEnv(gym.Env):
         i0, i1, i2 = int(a[0]), int(a[1]), int(a[2])
         k = (i0 * n1 + i1) * n2 + i2
         cfg = self.config
-        spec = self._set_link(self._train_time_s)
+        # the link changes only where a schedule has its next entry: skip the look-up on
+        # the hot path otherwise
+        if self._train_time_s >= self._next_switch_s:
+            self._set_link(self._train_time_s)
+        spec = self._spec
         prev = self._eval_loss
         b = int((math.log(max(prev, 1e-8)) - self._edges_lo) / self._edges_w)
         b = 0 if b < 0 else (self._nbins - 1 if b >= self._nbins else b)
