@@ -43,14 +43,16 @@ class SurrogateEnv(gym.Env):
     frequency observed in the data. Deterministic given the seed.
 
     The link: ``network`` takes the real env's forms (``None`` unshaped; a spec such as
-    ``"1gbit"``; a schedule ``[[elapsed_training_s, spec], ...]``; ``{"profiles":
+    ``"1gbit"``; a schedule ``[[elapsed_training_s, spec], ...]``, optionally as
+    ``{"schedule": [...], "shift_s": s}`` with seeded switch shifts; ``{"profiles":
     [...]}`` for a seeded random profile per episode) and resolves them as the real env
-    does (:func:`~commgym.env.allreduce_env.network_spec_at`: the same seed picks the
-    same profile, a schedule switches when the episode's *predicted* training time
-    passes its entry). ``table`` and ``prior`` above are those of the link rate in force
-    for the decision (:meth:`SurrogateModel.table_for`); ``info["network"]`` is its spec
-    string, as the real env reports it. Only the rate is modelled: delay, jitter and loss
-    of a spec are ignored (with a warning), and a rate outside the fitted ones is
+    does (:func:`~commgym.env.allreduce_env.episode_network`: the same episode seed
+    picks the same profile and the same shifted switch times; a schedule switches when
+    the episode's *predicted* training time passes its entry). ``table`` and ``prior``
+    above are those of the link rate in force for the decision
+    (:meth:`SurrogateModel.table_for`); ``info["network"]`` is its spec string, as the
+    real env reports it. Only the rate is modelled: delay, jitter and loss of a spec are
+    ignored (with a warning), and a rate outside the fitted ones is
     extrapolated by the prior's ``8 / R`` wire term (with a warning).
 
     **Version history** — v0: first release; model format 3: the configured link rate
@@ -80,7 +82,7 @@ class SurrogateEnv(gym.Env):
         **kwargs: Any,
     ) -> None:
         super().__init__()
-        from commgym.env.allreduce_env import EnvConfig, network_spec_at
+        from commgym.env.allreduce_env import EnvConfig, episode_network
 
         if render_mode is not None:
             warnings.warn(f"render_mode {render_mode!r} is not supported; ignored", stacklevel=2)
@@ -114,17 +116,12 @@ class SurrogateEnv(gym.Env):
         self._nvec = nvec
         self._configs = [str(self.menu.decode(np.array(a))) for a in np.ndindex(*nvec)]
         self._actions = [self.menu.decode(np.array(a)).to_dict() for a in np.ndindex(*nvec)]
-        # the real env's resolution of ``network`` (one source of truth for profiles and
-        # schedules); imported here as the real env's module imports this package
-        self._network_spec_at = network_spec_at
-        net = config._network
-        #: start times of a schedule's entries (none for fixed specs and profiles, which
-        #: are resolved once per episode)
-        self._switch_times = [t for t, _ in net[1]] if net and net[0] == "schedule" else []
-        self._next_switch_s = math.inf
+        # the real env's resolution of ``network`` (one source of truth for profiles,
+        # schedules and their seeded shifts); imported here as the real env's module
+        # imports this package
+        self._episode_network = episode_network
         self._links: dict[Any, tuple[list[Any], list[float]]] = {}
-        self._spec: Any = network_spec_at(config._network, config.seed, 0.0)
-        self._table, self._prior = self._link_tables(self._spec)
+        self._start_episode(config.seed)
         self._p_div = model.p_diverge.tolist()
         self._edges_lo = float(model.loss_edges[0])
         self._edges_w = float(model.loss_edges[1] - model.loss_edges[0])
@@ -159,15 +156,26 @@ class SurrogateEnv(gym.Env):
             self._links[spec] = (table.tolist(), prior.tolist())
         return self._links[spec]
 
-    def _set_link(self, elapsed_s: float) -> Any:
-        spec = self._network_spec_at(self.config._network, self._episode_seed, elapsed_s)
+    def _start_episode(self, episode_seed: int) -> Any:
+        """Resolve this episode's link timeline and its first spec (``None``: unshaped)."""
+        self._timeline = self._episode_network(self.config._network, episode_seed)
+        self._switch_times = [] if self._timeline is None else [t for t, _ in self._timeline]
+        self._spec = None if self._timeline is None else self._timeline.spec_at(0.0)
+        self._table, self._prior = self._link_tables(self._spec)
+        self._set_next_switch(0.0)
+        return self._spec
+
+    def _set_next_switch(self, elapsed_s: float) -> None:
         self._next_switch_s = min(
             (t for t in self._switch_times if t > elapsed_s), default=math.inf
         )
+
+    def _set_link(self, elapsed_s: float) -> None:
+        spec = self._timeline.spec_at(elapsed_s)
+        self._set_next_switch(elapsed_s)
         if spec != self._spec:
             self._spec = spec
             self._table, self._prior = self._link_tables(spec)
-        return spec
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # noqa: D102
         super().reset(seed=seed)
@@ -177,7 +185,7 @@ class SurrogateEnv(gym.Env):
         rng = self.np_random
         episode_seed = int(rng.integers(0, 2**31 - 1))
         self._episode_seed = episode_seed
-        spec = self._set_link(0.0)
+        spec = self._start_episode(episode_seed)
         # per-episode stream: the same seed and actions give the same episode
         self._rng = np.random.default_rng(episode_seed)
         init = self.model.initial_losses

@@ -221,6 +221,27 @@ def test_surrogate_follows_a_schedule_by_elapsed_training_time(model):
     assert prior_slow[0] > prior_fast[0]
 
 
+def test_surrogate_schedule_shifts_switches_per_seed_as_the_real_env(model):
+    from commgym.env.allreduce_env import EnvConfig
+
+    network = {"schedule": [[0, "1gbit"], [0.05, "100mbit"]], "shift_s": 0.02}
+    schedule = EnvConfig(network=network)._network[1]
+    env = SurrogateEnv(model, noise=0.0, time_budget_s=1e9, max_decisions=400, network=network)
+    switches = set()
+    for seed in range(4):
+        _, info = env.reset(seed=seed)
+        # the real env's episode schedule for this episode seed
+        switch_s = schedule.for_episode(info["episode_seed"]).entries[1][0]
+        for start, net, _ in _run(env, np.array([0, 0, 0]), 400):
+            assert net == ("1gbit" if start < switch_s else "100mbit"), (seed, start, switch_s)
+            if start >= switch_s:
+                break
+        else:
+            pytest.fail("the episode never reached the switch")
+        switches.add(switch_s)
+    assert len(switches) > 1  # the seed moves the switch
+
+
 def test_surrogate_profiles_are_seeded_per_episode(model):
     profiles = ["100mbit", "500mbit", "1gbit"]
     env = SurrogateEnv(model, noise=0.0, network={"profiles": profiles})
