@@ -67,11 +67,14 @@ def run_surrogate_benchmark(model_path: str | Path, steps: int = 20000) -> float
     import gymnasium as gym
 
     import commgym.env  # noqa: F401 - registers the env
+    from commgym.env.net import NetworkSpec
     from commgym.env.surrogate import UNSHAPED_LINK_GBPS, SurrogateModel, benchmark_steps
 
     model = SurrogateModel.load(model_path)
     # time the links the model was fitted on: a seeded profile per episode, as collected
-    shaped = [f"{r * 1e3:g}mbit" for r in model.link_rates_gbps if r < UNSHAPED_LINK_GBPS]
+    shaped = [
+        str(NetworkSpec(round(r * 1e9))) for r in model.link_rates_gbps if r < UNSHAPED_LINK_GBPS
+    ]
     network = {"profiles": shaped} if shaped else None
     env = gym.make("commgym/Surrogate-v0", model_path=model, network=network)
     rate = benchmark_steps(env, steps)

@@ -116,6 +116,7 @@ def run_surrogate_holdout_benchmark(
     import gymnasium as gym
 
     import commgym.env  # noqa: F401 - registers the env
+    from commgym.env.net import NetworkSpec
     from commgym.env.spaces import ActionMenu
     from commgym.env.surrogate import (
         UNSHAPED_LINK_GBPS,
@@ -147,7 +148,9 @@ def run_surrogate_holdout_benchmark(
     for name, part in held.items():
         reports[name] = holdout_report(model, part)
         console.print(f"[bold]{name}[/bold]\n{format_holdout_report(reports[name])}")
-    shaped = [f"{r * 1e3:g}mbit" for r in model.link_rates_gbps if r < UNSHAPED_LINK_GBPS]
+    shaped = [
+        str(NetworkSpec(round(r * 1e9))) for r in model.link_rates_gbps if r < UNSHAPED_LINK_GBPS
+    ]
     env = gym.make(
         "commgym/Surrogate-v0", model_path=model,
         network={"profiles": shaped} if shaped else None,
