@@ -291,15 +291,8 @@ class AllReduceEnv(gym.Env):
         return self._cluster
 
     def _initial_spec(self, episode_seed: int) -> Any:
-        kind, value = self.config._network
-        if kind == "fixed":
-            return value
-        if kind == "schedule":
-            self._schedule = value.for_episode(episode_seed)
-            return self._schedule.spec_at(0.0)
-        from commgym.env.net import choose_profile
-
-        return choose_profile(value, episode_seed)
+        self._schedule = episode_network(self.config._network, episode_seed)
+        return self._schedule.spec_at(0.0)
 
     def _set_network(self, spec: Any) -> None:
         if self._net is not None and spec != self._net_spec:
@@ -375,7 +368,7 @@ class AllReduceEnv(gym.Env):
         cfg_comm = self.menu.decode(a)
         cfg = self.config
         info: dict[str, Any] = {"config": str(cfg_comm), "action": cfg_comm.to_dict()}
-        if self._net is not None and cfg._network[0] == "schedule":
+        if self._net is not None:
             self._set_network(self._schedule.spec_at(self._train_time_s))
         if self._net_spec is not None:
             info["network"] = str(self._net_spec)
@@ -441,6 +434,32 @@ class AllReduceEnv(gym.Env):
             self._net = None
             self._net_spec = None
         self._needs_reset = True
+
+
+def episode_network(network: tuple[str, Any] | None, episode_seed: int | None) -> Any:
+    """One episode's link over its training time (the real env and the surrogate read it).
+
+    Args:
+        network: an ``EnvConfig``'s parsed network (``config._network``): ``None``,
+            ``("fixed", spec)``, ``("schedule", NetworkSchedule)`` or ``("profiles",
+            [spec, ...])``.
+        episode_seed: the episode's seed: picks the profile (:func:`choose_profile`) and
+            shifts a schedule's switches (:meth:`NetworkSchedule.for_episode`).
+
+    Returns:
+        A :class:`~commgym.env.net.NetworkSchedule` (one entry for a fixed spec or a
+        profile; ``spec_at(elapsed_training_s)`` gives the link in force), or ``None``
+        for an unshaped link.
+    """
+    if network is None:
+        return None
+    from commgym.env.net import NetworkSchedule, choose_profile
+
+    kind, value = network
+    if kind == "schedule":
+        return value.for_episode(episode_seed)
+    spec = value if kind == "fixed" else choose_profile(value, episode_seed)
+    return NetworkSchedule.parse(spec)
 
 
 def _parse_network(network: Any) -> tuple[str, Any] | None:

@@ -59,13 +59,25 @@ def run_collectives_benchmark(
 
 
 def run_surrogate_benchmark(model_path: str | Path, steps: int = 20000) -> float:
-    """Steps per second of ``gymnasium.make("commgym/Surrogate-v0")`` (random actions)."""
+    """Steps per second of ``gymnasium.make("commgym/Surrogate-v0")`` (random actions).
+
+    A model fitted on shaped links is stepped with ``network={"profiles": [...]}`` of its
+    fitted rates (a seeded rate per episode), so the figure includes the link look-up.
+    """
     import gymnasium as gym
 
     import commgym.env  # noqa: F401 - registers the env
-    from commgym.env.surrogate import benchmark_steps
+    from commgym.env.net import NetworkSpec
+    from commgym.env.surrogate import UNSHAPED_LINK_GBPS, SurrogateModel, benchmark_steps
 
-    env = gym.make("commgym/Surrogate-v0", model_path=str(model_path))
+    model = SurrogateModel.load(model_path)
+    # time the links the model was fitted on: a seeded profile per episode, as collected
+    shaped = [
+        str(NetworkSpec(round(r * 1e9))) for r in model.link_rates_gbps if r < UNSHAPED_LINK_GBPS
+    ]
+    network = {"profiles": shaped} if shaped else None
+    env = gym.make("commgym/Surrogate-v0", model_path=model, network=network)
     rate = benchmark_steps(env, steps)
-    console.print(f"commgym/Surrogate-v0: {rate:,.0f} env steps/s ({steps} steps, one core)")
+    links = f", links {', '.join(shaped)} per episode" if shaped else ""
+    console.print(f"commgym/Surrogate-v0: {rate:,.0f} env steps/s ({steps} steps, one core{links})")
     return rate

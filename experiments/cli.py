@@ -576,13 +576,15 @@ def fit_surrogate_cmd(
     data: str = typer.Option(..., "--data", help="Comma-separated transition files (CSV/Parquet)."),
     out: str = typer.Option("commgym-out/surrogate.joblib", "--out", help="Model file."),
     bench: str | None = typer.Option(None, "--bench", help="Samples JSON of bench collectives."),
-    holdout: str | None = typer.Option(None, "--holdout", help="Held-out transitions (MAPE)."),
+    holdout: str | None = typer.Option(
+        None, "--holdout", help="Held-out transitions (MAPE, p90 error, Kendall tau per link rate)."
+    ),
     config: str | None = typer.Option(
         None, "--config", help="Scenario the data was collected with (its action menu)."
     ),
 ) -> None:
     """Fit the surrogate (alpha-beta prior + gradient boosting) on recorded transitions."""
-    from commgym.env.surrogate import read_transitions, step_time_mape, step_time_noise_floor
+    from commgym.env.surrogate import format_holdout_report, holdout_report, read_transitions
     from commgym.experiments.collect import fit_surrogate
     from commgym.experiments.config import load_run_config
 
@@ -595,12 +597,7 @@ def fit_surrogate_cmd(
     spread = ", ".join(f"{k} {v:.3f}" for k, v in model.residual_std.items())
     typer.echo(f"surrogate saved to {out}\nout-of-fold residual std: {spread}")
     if holdout:
-        held = read_transitions(holdout)
-        typer.echo(
-            f"held-out step-time MAPE: {step_time_mape(model, held):.1f}% (noise floor: "
-            f"{step_time_noise_floor(held):.1f}%, the held-out set's own per-configuration "
-            "weighted medians)"
-        )
+        typer.echo(format_holdout_report(holdout_report(model, read_transitions(holdout))))
 
 
 #: Config options ``commgym leaderboard`` applies to every scenario it runs.

@@ -97,7 +97,8 @@ def record_dataset(
         decisions: real decisions to record.
         policy: exploration policy (:data:`POLICIES`).
         seed: seed of the first episode and of the exploration policy.
-        bench: time all-reduce / all-gather first (skipped for one rank).
+        bench: time all-reduce / all-gather first (skipped for one rank); each sample
+            gets the link rate it ran at (bit/s, ``None`` unshaped) as a fifth element.
         run: a ``RunLogger`` to log both files and ``collect/*`` metrics to, or ``None``.
         on_step: called after each recorded decision (progress display).
 
@@ -113,7 +114,12 @@ def record_dataset(
     if bench and env.unwrapped.config.world_size > 1:
         bench_path = out.with_suffix(".bench.json")
         bench_path.parent.mkdir(parents=True, exist_ok=True)
-        bench_path.write_text(json.dumps(bench_collectives(env.unwrapped.cluster)))
+        net = env.unwrapped.network
+        # the timings include the shaped link's wire time: each sample carries the rate it
+        # ran at, so AlphaBeta.fit separates the host's own costs from the link's
+        rate = None if net is None else net.effective_spec.rate_bit_s
+        samples = [[*s, rate] for s in bench_collectives(env.unwrapped.cluster)]
+        bench_path.write_text(json.dumps(samples))
     path = collect_transitions(env, out, decisions, policy, seed, on_step)
     secs = time.perf_counter() - t0
     if run is not None:

@@ -36,11 +36,19 @@ from commgym.env.surrogate.model import (
     TARGETS,
     TIMING,
     SurrogateModel,
+    format_holdout_report,
+    holdout_report,
     step_time_mape,
     step_time_noise_floor,
 )
 from commgym.env.surrogate.prior import AlphaBeta, bench_collectives
-from commgym.env.surrogate.record import MEASURED_KEYS, TransitionRecorder, read_transitions
+from commgym.env.surrogate.record import (
+    MEASURED_KEYS,
+    UNSHAPED_LINK_GBPS,
+    TransitionRecorder,
+    link_rate_gbps,
+    read_transitions,
+)
 
 __all__ = [
     "MAX_STREAK",
@@ -48,12 +56,16 @@ __all__ = [
     "MODEL_VERSION",
     "TARGETS",
     "TIMING",
+    "UNSHAPED_LINK_GBPS",
     "AlphaBeta",
     "SurrogateEnv",
     "SurrogateModel",
     "TransitionRecorder",
     "bench_collectives",
     "benchmark_steps",
+    "format_holdout_report",
+    "holdout_report",
+    "link_rate_gbps",
     "read_transitions",
     "step_time_mape",
     "step_time_noise_floor",

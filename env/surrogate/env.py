@@ -18,6 +18,7 @@ from commgym.env.spaces import (
     decision_outcome,
 )
 from commgym.env.surrogate.model import MAX_STREAK, TIMING, SurrogateModel
+from commgym.env.surrogate.record import UNSHAPED_LINK_GBPS, link_rate_gbps
 
 # -- environment ----------------------------------------------------------------------
 _TIMING_SET = frozenset(TIMING)
@@ -41,14 +42,28 @@ class SurrogateEnv(gym.Env):
     exp(y_train)``, ``L_new = L * exp(-y_loss)``; divergence with the per-action
     frequency observed in the data. Deterministic given the seed.
 
-    **Version history** — v0: first release.
+    The link: ``network`` takes the real env's forms (``None`` unshaped; a spec such as
+    ``"1gbit"``; a schedule ``[[elapsed_training_s, spec], ...]``, optionally as
+    ``{"schedule": [...], "shift_s": s}`` with seeded switch shifts; ``{"profiles":
+    [...]}`` for a seeded random profile per episode) and resolves them as the real env
+    does (:func:`~commgym.env.allreduce_env.episode_network`: the same episode seed
+    picks the same profile and the same shifted switch times; a schedule switches when
+    the episode's *predicted* training time passes its entry). ``table`` and ``prior``
+    above are those of the link rate in force for the decision
+    (:meth:`SurrogateModel.table_for`); ``info["network"]`` is its spec string, as the
+    real env reports it. Only the rate is modelled: delay, jitter and loss of a spec are
+    ignored (with a warning), and a rate outside the fitted ones is
+    extrapolated by the prior's ``8 / R`` wire term (with a warning).
+
+    **Version history** — v0: first release; model format 3: the configured link rate
+    is an input and ``network`` is honoured.
 
     Args:
         model_path: file written by :meth:`SurrogateModel.save` (a joblib pickle: only
             load trusted files), or a :class:`SurrogateModel`.
         config: an ``EnvConfig``; or its fields as keyword arguments (``workload``,
             ``world_size`` and ``steps_per_decision`` default to the model's data;
-            ``network`` and launch settings are ignored).
+            launch settings and ``network_strict`` are ignored).
         noise: scale of the bootstrapped noise (0: noise-free medians).
         render_mode: unsupported; warns and is ignored.
 
@@ -67,7 +82,7 @@ class SurrogateEnv(gym.Env):
         **kwargs: Any,
     ) -> None:
         super().__init__()
-        from commgym.env.allreduce_env import EnvConfig
+        from commgym.env.allreduce_env import EnvConfig, episode_network
 
         if render_mode is not None:
             warnings.warn(f"render_mode {render_mode!r} is not supported; ignored", stacklevel=2)
@@ -101,8 +116,12 @@ class SurrogateEnv(gym.Env):
         self._nvec = nvec
         self._configs = [str(self.menu.decode(np.array(a))) for a in np.ndindex(*nvec)]
         self._actions = [self.menu.decode(np.array(a)).to_dict() for a in np.ndindex(*nvec)]
-        self._table = model.table.tolist()
-        self._prior = model.prior_table.tolist()
+        # the real env's resolution of ``network`` (one source of truth for profiles,
+        # schedules and their seeded shifts); imported here as the real env's module
+        # imports this package
+        self._episode_network = episode_network
+        self._links: dict[Any, tuple[list[Any], list[float]]] = {}
+        self._start_episode(config.seed)
         self._p_div = model.p_diverge.tolist()
         self._edges_lo = float(model.loss_edges[0])
         self._edges_w = float(model.loss_edges[1] - model.loss_edges[0])
@@ -114,6 +133,50 @@ class SurrogateEnv(gym.Env):
         self._samples = model.samples * config.steps_per_decision / max(model.steps_per_decision, 1)
         self._needs_reset = True
 
+    def _link_tables(self, spec: Any) -> tuple[list[Any], list[float]]:
+        """Prediction table and prior (as lists: fast indexing) of a link spec, cached."""
+        if spec not in self._links:
+            rate = link_rate_gbps(spec)
+            fitted = self.model.link_rates_gbps
+            if spec is not None and spec.has_impairments:
+                warnings.warn(
+                    f"the surrogate models the link rate only: delay, jitter and loss of "
+                    f"network {str(spec)!r} are ignored",
+                    stacklevel=3,
+                )
+            if not min(fitted) <= rate <= max(fitted):
+                where = "an unshaped link" if rate >= UNSHAPED_LINK_GBPS else f"{rate:g} Gbit/s"
+                warnings.warn(
+                    f"{where} is outside the link rates the surrogate was fitted on "
+                    f"({', '.join(f'{r:g}' for r in fitted)} Gbit/s): the prior's wire term "
+                    "extrapolates, the learned correction stays at its nearest fitted rate",
+                    stacklevel=3,
+                )
+            table, prior = self.model.table_for(rate)
+            self._links[spec] = (table.tolist(), prior.tolist())
+        return self._links[spec]
+
+    def _start_episode(self, episode_seed: int) -> Any:
+        """Resolve this episode's link timeline and its first spec (``None``: unshaped)."""
+        self._timeline = self._episode_network(self.config._network, episode_seed)
+        self._switch_times = [] if self._timeline is None else [t for t, _ in self._timeline]
+        self._spec = None if self._timeline is None else self._timeline.spec_at(0.0)
+        self._table, self._prior = self._link_tables(self._spec)
+        self._set_next_switch(0.0)
+        return self._spec
+
+    def _set_next_switch(self, elapsed_s: float) -> None:
+        self._next_switch_s = min(
+            (t for t in self._switch_times if t > elapsed_s), default=math.inf
+        )
+
+    def _set_link(self, elapsed_s: float) -> None:
+        spec = self._timeline.spec_at(elapsed_s)
+        self._set_next_switch(elapsed_s)
+        if spec != self._spec:
+            self._spec = spec
+            self._table, self._prior = self._link_tables(spec)
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # noqa: D102
         super().reset(seed=seed)
         if seed is None and not hasattr(self, "_seeded"):
@@ -121,6 +184,8 @@ class SurrogateEnv(gym.Env):
         self._seeded = True
         rng = self.np_random
         episode_seed = int(rng.integers(0, 2**31 - 1))
+        self._episode_seed = episode_seed
+        spec = self._start_episode(episode_seed)
         # per-episode stream: the same seed and actions give the same episode
         self._rng = np.random.default_rng(episode_seed)
         init = self.model.initial_losses
@@ -140,7 +205,7 @@ class SurrogateEnv(gym.Env):
             "num_params": self.model.num_params,
             "reset_s": 0.0,
             "config": str(self.menu.decode(self._action)),
-            "network": None,
+            "network": None if spec is None else str(spec),
             "surrogate": True,
         }
 
@@ -154,6 +219,11 @@ class SurrogateEnv(gym.Env):
         i0, i1, i2 = int(a[0]), int(a[1]), int(a[2])
         k = (i0 * n1 + i1) * n2 + i2
         cfg = self.config
+        # the link changes only where a schedule has its next entry: skip the look-up on
+        # the hot path otherwise
+        if self._train_time_s >= self._next_switch_s:
+            self._set_link(self._train_time_s)
+        spec = self._spec
         prev = self._eval_loss
         b = int((math.log(max(prev, 1e-8)) - self._edges_lo) / self._edges_w)
         b = 0 if b < 0 else (self._nbins - 1 if b >= self._nbins else b)
@@ -229,6 +299,8 @@ class SurrogateEnv(gym.Env):
             decision=self._decisions,
             diverged=diverged,
         )
+        if spec is not None:
+            info["network"] = str(spec)
         return obs, float(reward), terminated, truncated, info
 
     def close(self) -> None:  # noqa: D102

@@ -20,6 +20,33 @@ from commgym.env.spaces import (
 #: :class:`~commgym.env.measure.DecisionMeasurement`.
 MEASURED_KEYS: tuple[str, ...] = tuple(k for k in DECISION_FIELDS if k != "bucket_bytes")
 
+#: ``link_rate_gbps`` of an unshaped link (``info["network"]`` is ``None``: loopback or a
+#: real cluster's own network). A sentinel far above any emulated rate, so that the
+#: learned correction's ``log(rate)`` feature separates it from every shaped link, and
+#: the prior adds no wire term for it (the fitted host cost is the whole per-byte cost).
+UNSHAPED_LINK_GBPS = 1e4
+
+
+def link_rate_gbps(network: Any) -> float:
+    """Configured link rate, Gbit/s, of an ``info["network"]`` value.
+
+    Args:
+        network: a network spec string (``"1gbit"``, ``"100mbit:5ms"``, a profile name),
+            a :class:`~commgym.env.net.NetworkSpec`, or ``None`` / NaN (unshaped).
+
+    Returns:
+        ``NetworkSpec.parse(network).rate_bit_s / 1e9``; :data:`UNSHAPED_LINK_GBPS` for an
+        unshaped link.
+
+    Raises:
+        ValueError: a malformed spec (from :meth:`NetworkSpec.parse`).
+    """
+    from commgym.env.net import NetworkSpec
+
+    if network is None or (isinstance(network, float) and math.isnan(network)):
+        return UNSHAPED_LINK_GBPS
+    return NetworkSpec.parse(network).rate_bit_s / 1e9
+
 
 class TransitionRecorder(gym.Wrapper):
     """Records every decision of a commgym env as one row; writes CSV or Parquet.
@@ -29,8 +56,10 @@ class TransitionRecorder(gym.Wrapper):
     how many decisions in a row this configuration has been chosen, 1 = just switched to
     it; switching restarts error feedback and PowerSGD's warm start), every measured
     statistic (``info["measured"]``), the previous held-out loss, reward, end flags and
-    reason, and the workload, world size, steps per decision, time budget and network
-    spec. Dynamic values come from ``info`` only; static ones from the env's ``config``.
+    reason, and the workload, world size, steps per decision, time budget, the network
+    spec in force for the decision (``network``, from ``info["network"]``) and its rate
+    (``link_rate_gbps``, :func:`link_rate_gbps`). Dynamic values come from ``info`` only;
+    static ones from the env's ``config``.
 
     Args:
         env: a ``commgym/AllReduce-v0`` env (or anything with the same ``info`` shape).
@@ -55,6 +84,7 @@ class TransitionRecorder(gym.Wrapper):
         self._prev_loss = math.nan
         self._seed: int | None = None
         self._num_params: int | None = None
+        self._network: Any = None
         self._closed = False
         self._prev_action: tuple[int, ...] | None = None
         self._held = 0
@@ -74,6 +104,7 @@ class TransitionRecorder(gym.Wrapper):
     def step(self, action: Any):  # noqa: D102
         obs, reward, terminated, truncated, info = self.env.step(action)
         a = np.asarray(action, dtype=np.int64).reshape(-1)
+        network = info.get("network", self._network)
         key = tuple(int(v) for v in a)
         self._held = self._held + 1 if key == self._prev_action else 1
         self._prev_action = key
@@ -96,7 +127,8 @@ class TransitionRecorder(gym.Wrapper):
             "truncated": bool(truncated),
             "reason": info.get("reason"),
             "diverged": bool(info.get("diverged", False)),
-            "network": info.get("network", self._network),
+            "network": network,
+            "link_rate_gbps": link_rate_gbps(network),
             "num_params": self._num_params,
             **self._static,
         }  # fmt: skip
@@ -146,6 +178,20 @@ def _streak(df: Any) -> np.ndarray:
     if "held" not in df:
         return np.ones(len(df))
     return df["held"].fillna(1).to_numpy(float)
+
+
+def _link_rates(df: Any) -> np.ndarray:
+    """Configured link rate per row, Gbit/s: ``link_rate_gbps``, else parsed from ``network``.
+
+    Files recorded before the rate column existed are read through their ``network``
+    column (:func:`link_rate_gbps`); without either every row is unshaped.
+    """
+    if "link_rate_gbps" in df:
+        rates = df["link_rate_gbps"].to_numpy(float)
+        return np.where(np.isfinite(rates), rates, UNSHAPED_LINK_GBPS)
+    if "network" in df:
+        return np.array([link_rate_gbps(v) for v in df["network"]], dtype=np.float64)
+    return np.full(len(df), UNSHAPED_LINK_GBPS)
 
 
 def read_transitions(*paths: str | os.PathLike[str]) -> Any:
