@@ -44,6 +44,11 @@ RELIED_ON = {
         "--time-budget-s", "--seed", "--out", "--bench", "--no-bench", "--fit",
         "--tracking-uri",
     },
+    "leaderboard": {
+        "--scenarios", "--agents", "--seeds", "--policy-dir", "--output-dir", "--timesteps",
+        "--surrogate-decisions", "--fine-tune-episodes", "--tuning-decisions",
+        "--time-budget-s", "--max-decisions", "--drop-impairments", "--tracking-uri",
+    },
 }  # fmt: skip
 
 
