@@ -55,6 +55,7 @@ __all__ = [
     "LeaderboardEntry",
     "read_leaderboard_csv",
     "run_leaderboard",
+    "scenario_name",
 ]
 
 #: Scenarios of the README's leaderboard (shipped in ``experiments/configs``).
@@ -149,6 +150,12 @@ def _entry(
     )
 
 
+def scenario_name(scenario: str | Path) -> str:
+    """A scenario's label: the shipped name, or a YAML file's stem (``runs/my.yaml`` -> ``my``)."""
+    p = Path(scenario)
+    return p.stem if p.suffix in (".yaml", ".yml") else str(scenario)
+
+
 def _role(name: str) -> str:
     from commgym.agents import AGENTS
     from commgym.agents.sb3 import SB3Agent
@@ -172,7 +179,13 @@ def _scenario_config(scenario: str, overrides: dict[str, Any]) -> RunConfig:
 
 
 def _learned(
-    name: str, cfg: RunConfig, env: Any, parent: Any, out: Path, policy_dir: Path | None
+    name: str,
+    cfg: RunConfig,
+    env: Any,
+    parent: Any,
+    out: Path,
+    policy_dir: Path | None,
+    prefix: str,
 ) -> tuple[Any, TrainingCost, Any]:
     """Load ``<policy_dir>/<agent>/policy.zip`` if it exists, else train by the recipe."""
     from commgym.agents import load_agent
@@ -188,7 +201,7 @@ def _learned(
         return agent, cost, None
     agent_out = out / _slug(name)
     agent_out.mkdir(parents=True, exist_ok=True)
-    agent, cost, surrogate = learn_agent(cfg, env, parent, agent_out)
+    agent, cost, surrogate = learn_agent(cfg, env, parent, agent_out, prefix=f"{prefix}/")
     (agent_out / "policy.cost.json").write_text(json.dumps(asdict(cost), indent=1))
     console.print(
         f"{name}: trained in {cost.wall_s:.1f} s with {cost.real_decisions} real decisions "
@@ -376,9 +389,14 @@ def run_leaderboard(
     base = {**(overrides or {}), "episodes": seeds, "baselines": []}
     # every scenario and agent name is validated before any rank starts
     configs = {
-        s: _scenario_config(s, {**base, "agent": learned[0] if learned else "random"})
+        scenario_name(s): _scenario_config(
+            s, {**base, "agent": learned[0] if learned else "random"}
+        )
         for s in scenarios
     }
+    if len(configs) != len(scenarios):
+        raise ValueError(f"scenario names must be distinct, got {list(scenarios)}")
+    files = dict(zip(configs, scenarios, strict=True))
     for a in agents:
         load_run_config(scenarios[0], {**base, "baselines": [a]})
     out = Path(output_dir)
@@ -414,9 +432,11 @@ def run_leaderboard(
                 costs: dict[str, TrainingCost] = {}
                 for name in agents:
                     if _role(name) == "learned":
-                        lcfg = _scenario_config(scenario, {**base, "agent": name})
+                        lcfg = _scenario_config(files[scenario], {**base, "agent": name})
                         sub = None if policies is None else policies / _slug(scenario)
-                        agent, cost, sur = _learned(name, lcfg, env, parent, s_out, sub)
+                        agent, cost, sur = _learned(
+                            name, lcfg, env, parent, s_out, sub, f"{_slug(scenario)}/{_slug(name)}"
+                        )
                         if sur is not None:
                             surrogates.append((name, sur))
                     else:

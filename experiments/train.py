@@ -433,7 +433,7 @@ class TrainingCost:
 
 
 def learn_agent(
-    cfg: RunConfig, env: gym.Env, parent: Any, out: Path
+    cfg: RunConfig, env: gym.Env, parent: Any, out: Path, prefix: str = ""
 ) -> tuple[Any, TrainingCost, gym.Env | None]:
     """Train ``cfg.agent`` as the scenario says, save its policy; the recipe of ``train``.
 
@@ -447,6 +447,8 @@ def learn_agent(
         env: the real env (ranks started).
         parent: the MLflow run that receives the learning curve, CSV and policy.
         out: output folder (``policy.zip``, ``learning-decisions.csv``, surrogate files).
+        prefix: prepended to the parameter and metric names logged to ``parent`` (a
+            leaderboard trains one agent per scenario into one parent run).
 
     Returns:
         ``(agent, cost, surrogate_env)``; ``surrogate_env`` is ``None`` on real ranks (the
@@ -467,10 +469,11 @@ def learn_agent(
     # the parent run holds the learning curve; per-decision metrics live in the
     # evaluation children (20,000 decisions x 14 metrics filled ~80 MB of mlflow.db)
     learn_env = TrackingWrapper(
-        surrogate if surrogate is not None else env, parent, log_decisions=False
+        surrogate if surrogate is not None else env, parent, prefix, log_decisions=False
     )
     agent = make_agent(cfg.agent, learn_env, seed=cfg.seed, **cfg.agent_kwargs)
-    parent.log_params(_parent_params(cfg, {f"agent.{k}": v for k, v in agent.hyperparams.items()}))
+    params = _parent_params(cfg, {f"agent.{k}": v for k, v in agent.hyperparams.items()})
+    parent.log_params({prefix + k: v for k, v in params.items()})
     t0 = time.perf_counter()
     where = "the surrogate" if surrogate is not None else "real ranks"
     with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
@@ -479,7 +482,7 @@ def learn_agent(
     cost.add("learn_s", learn_s, 0 if surrogate is not None else cfg.timesteps)
     learn_env.write_csv(out / "learning-decisions.csv")
     parent.log_artifact(out / "learning-decisions.csv")
-    parent.log_metrics({"train/learn_s": learn_s}, step=cfg.timesteps)
+    parent.log_metrics({f"{prefix}train/learn_s": learn_s}, step=cfg.timesteps)
     console.print(f"learned in {learn_s:.1f} s on {where}")
     if surrogate is not None and cfg.fine_tune_episodes:
         if not hasattr(agent, "fine_tune"):
@@ -487,7 +490,7 @@ def learn_agent(
                 f"fine_tune_episodes={cfg.fine_tune_episodes} needs an SB3 agent (ppo, a2c, "
                 f"dqn); {cfg.agent!r} has no fine-tuning"
             )
-        real_env = TrackingWrapper(env, parent, log_decisions=False)
+        real_env = TrackingWrapper(env, parent, f"{prefix}fine_tune/", log_decisions=False)
         t0 = time.perf_counter()
         n = cfg.fine_tune_episodes
         with phase(f"fine-tuning {cfg.agent} on real ranks", n, unit="episodes") as adv:
@@ -498,7 +501,7 @@ def learn_agent(
             )
         tune_s = time.perf_counter() - t0
         cost.add("fine_tune_s", tune_s, decisions)
-        parent.log_metrics({"train/fine_tune_s": tune_s}, step=cfg.timesteps)
+        parent.log_metrics({f"{prefix}train/fine_tune_s": tune_s}, step=cfg.timesteps)
         console.print(f"fine-tuned on {n} real episodes ({decisions} decisions) in {tune_s:.1f} s")
     policy = agent.save(out / "policy.zip")
     parent.log_artifact(policy)

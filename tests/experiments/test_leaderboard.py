@@ -105,6 +105,9 @@ def test_mlflow_parent_and_one_child_per_episode(board):
     assert len(hist) == 1 and 0 <= hist[0].value <= SEEDS
     gap = client.get_metric_history(parent.info.run_id, "tiny/ppo/sim2real/gap")
     assert len(gap) == 1
+    # the learning curve and the recipe's parameters carry the scenario and agent
+    assert client.get_metric_history(parent.info.run_id, "tiny/ppo/episode/return")
+    assert parent.data.params["tiny/ppo/env.workload"] == "mlp-digits"
 
 
 def test_policy_dir_loads_the_saved_policy_instead_of_training(board):
