@@ -157,7 +157,12 @@ def network_label(network: Any) -> str:
         return "loopback (unshaped)"
     if isinstance(network, str):
         return f"emulated {network}"
-    return f"emulated {network!r}"
+    if isinstance(network, dict) and "profiles" in network:
+        return f"emulated, per episode one of {' / '.join(map(str, network['profiles']))}"
+    entries = network.get("schedule", []) if isinstance(network, dict) else network
+    shift = network.get("shift_s") if isinstance(network, dict) else None
+    steps = " -> ".join(f"{spec} at {t:g} s" for t, spec in entries)
+    return f"emulated schedule {steps}" + (f" (switches shifted ±{shift:g} s)" if shift else "")
 
 
 def _print_table(
