@@ -8,6 +8,8 @@ so which configuration wins depends on the link: the workload of the shaped scen
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 
 from commgym.env.workloads.digits import _mlp, _mlp_params, load_digits_data
@@ -25,28 +27,36 @@ def build_wide_mlp() -> nn.Module:
     return _mlp(_WIDE_MLP_WIDTHS)
 
 
-def wide_mlp() -> Workload:
-    """``wide-mlp``: 21.25 M-parameter MLP on sklearn digits, communication-dominated."""
-    params = _mlp_params(_WIDE_MLP_WIDTHS)
+def _digits_mlp(
+    name: str, widths: tuple[int, ...], build: Callable[[], nn.Module], lr: float, text: str
+) -> Workload:
+    """A wide-MLP workload on digits: SGD, 32 samples per rank, cross-entropy."""
+    params = _mlp_params(widths)
     flops, batch = 6.0 * params, 32
     return Workload(
-        name="wide-mlp",
-        description=_describe(
-            "Wide MLP 64-4096-4096-1024-10 (ReLU) on scikit-learn's bundled digits, sized so "
-            "that gradient communication (~85 MB fp32 per step) dominates the step time; "
-            "each rank holds ~85 MB of weights plus as much again for gradients and "
-            "momentum.",
-            params,
-            flops,
-            batch,
-        ),
-        build_model=build_wide_mlp,
+        name=name,
+        description=_describe(text, params, flops, batch),
+        build_model=build,
         load_data=load_digits_data,
         loss_fn=_cross_entropy,
         default_batch_size=batch,
-        default_lr=0.01,
+        default_lr=lr,
         optimizer="sgd",
         train_flops_per_sample=flops,
+    )
+
+
+def wide_mlp() -> Workload:
+    """``wide-mlp``: 21.25 M-parameter MLP on sklearn digits, communication-dominated."""
+    return _digits_mlp(
+        "wide-mlp",
+        _WIDE_MLP_WIDTHS,
+        build_wide_mlp,
+        0.01,
+        "Wide MLP 64-4096-4096-1024-10 (ReLU) on scikit-learn's bundled digits, sized so "
+        "that gradient communication (~85 MB fp32 per step) dominates the step time; "
+        "each rank holds ~85 MB of weights plus as much again for gradients and "
+        "momentum.",
     )
 
 
@@ -60,23 +70,12 @@ def build_mid_mlp() -> nn.Module:
 
 def mid_mlp() -> Workload:
     """``mid-mlp``: 1.13 M-parameter MLP on sklearn digits; SGD(momentum 0.9) lr 0.05."""
-    params = _mlp_params(_MID_MLP_WIDTHS)
-    flops, batch = 6.0 * params, 32
-    return Workload(
-        name="mid-mlp",
-        description=_describe(
-            "MLP 64-1024-1024-10 (ReLU) on scikit-learn's bundled digits: 4.5 MB of fp32 "
-            "gradient per step, so the all-reduce dominates the step on 100 Mbit/s - 1 Gbit/s "
-            "links while compute dominates on loopback.",
-            params,
-            flops,
-            batch,
-        ),
-        build_model=build_mid_mlp,
-        load_data=load_digits_data,
-        loss_fn=_cross_entropy,
-        default_batch_size=batch,
-        default_lr=0.05,
-        optimizer="sgd",
-        train_flops_per_sample=flops,
+    return _digits_mlp(
+        "mid-mlp",
+        _MID_MLP_WIDTHS,
+        build_mid_mlp,
+        0.05,
+        "MLP 64-1024-1024-10 (ReLU) on scikit-learn's bundled digits: 4.5 MB of fp32 "
+        "gradient per step, so the all-reduce dominates the step on 100 Mbit/s - 1 Gbit/s "
+        "links while compute dominates on loopback.",
     )
