@@ -10,10 +10,11 @@ import numpy as np
 
 from commgym.agents.base import StepAgent
 from commgym.collectives import CommConfig
-from commgym.env.spaces import OBSERVATION_FIELDS
+from commgym.env.spaces import OBSERVATION_FIELDS, ActionMenu
 
 __all__ = [
     "STATIC_PRESETS",
+    "resolve_preset",
     "AccordionAgent",
     "AdaCommAgent",
     "GridAgent",
@@ -44,6 +45,42 @@ def _positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+def resolve_preset(menu: ActionMenu, preset: str) -> CommConfig:
+    """The configuration a static preset names on ``menu`` (no env or ranks needed).
+
+    Args:
+        menu: the action menu the preset must be on.
+        preset: a name in :data:`STATIC_PRESETS` or a menu entry such as ``"int8/4MB/H1"``.
+
+    Returns:
+        The :class:`CommConfig`.
+
+    Raises:
+        ValueError: unknown preset or one that is not on ``menu``; the message lists the
+            menu's entries.
+    """
+    entries = {
+        str(menu.decode(np.array(np.unravel_index(i, tuple(menu.nvec))))): menu.decode(
+            np.array(np.unravel_index(i, tuple(menu.nvec)))
+        )
+        for i in range(menu.size)
+    }
+    if preset in STATIC_PRESETS:
+        config = STATIC_PRESETS[preset]
+        if str(config) not in entries:
+            raise ValueError(
+                f"static preset {preset!r} = {config} is not on the env's action menu "
+                f"{menu.to_dict()}; its entries: {', '.join(entries)}"
+            )
+        return config
+    if preset in entries:
+        return entries[preset]
+    raise ValueError(
+        f"unknown static preset {preset!r}: use one of {sorted(STATIC_PRESETS)} or an entry "
+        f"'compression/<bucket>MB/H<period>' of the action menu: {', '.join(entries)}"
+    )
+
+
 class StaticAgent(StepAgent):
     """Always the same configuration: the baselines a user would otherwise pick.
 
@@ -70,27 +107,7 @@ class StaticAgent(StepAgent):
         self._action = self.menu.encode(self.config)
 
     def _resolve(self, preset: str) -> CommConfig:
-        if preset in STATIC_PRESETS:
-            config = STATIC_PRESETS[preset]
-            try:
-                self.menu.encode(config)
-            except ValueError:
-                raise ValueError(
-                    f"static preset {preset!r} = {config} is not on the env's action menu "
-                    f"{self.menu.to_dict()}"
-                ) from None
-            return config
-        entries = {
-            str(self.menu.decode(self._unflat(i))): self.menu.decode(self._unflat(i))
-            for i in range(self.menu.size)
-        }
-        if preset in entries:
-            return entries[preset]
-        raise ValueError(
-            f"unknown static preset {preset!r}: use one of {sorted(STATIC_PRESETS)} or a menu "
-            f"entry 'compression/<bucket>MB/H<period>' of the env's action menu "
-            f"{self.menu.to_dict()} (e.g. {next(iter(entries))!r})"
-        )
+        return resolve_preset(self.menu, preset)
 
     def _act(self, obs: np.ndarray, state: Any, deterministic: bool) -> tuple[np.ndarray, Any]:
         return self._action.copy(), None

@@ -338,7 +338,12 @@ def _static_ranking(agent: Any, scenario: str, out: Path) -> Path | None:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         for r in rows:
-            w.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()})
+            w.writerow(
+                {
+                    k: json.dumps(v) if isinstance(v, list | tuple | dict) else v
+                    for k, v in r.items()
+                }
+            )
     return path
 
 
@@ -397,8 +402,16 @@ def run_leaderboard(
     if len(configs) != len(scenarios):
         raise ValueError(f"scenario names must be distinct, got {list(scenarios)}")
     files = dict(zip(configs, scenarios, strict=True))
+    from commgym.agents.baselines import resolve_preset
+
     for a in agents:
         load_run_config(scenarios[0], {**base, "baselines": [a]})
+        if a.startswith("static:"):  # on every scenario's menu, before any rank starts
+            for name, cfg in configs.items():
+                try:
+                    resolve_preset(cfg.env_config.menu, a.split(":", 1)[1])
+                except ValueError as err:
+                    raise ValueError(f"{a} in scenario {name!r}: {err}") from None
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     policies = None if policy_dir is None else Path(policy_dir)
@@ -476,7 +489,9 @@ def run_leaderboard(
             csv_path, md_path = _write_tables(scenario, title, entries, out)
             markdown.append(md_path.read_text())
             panels = {
-                "time to target (s)": {e.agent: e.time_to_target_s for e in entries},
+                "time to target (s; a miss counts as the budget)": {
+                    e.agent: e.time_to_target_s for e in entries
+                },
                 "final eval loss (nats)": {e.agent: e.final_eval_loss for e in entries},
                 "bytes per step (B)": {e.agent: e.bytes_per_step for e in entries},
             }

@@ -129,3 +129,8 @@ def test_bad_input_fails_before_anything_runs(tmp_path):
                 "--output-dir", str(tmp_path / "o")], tmp_path)  # fmt: skip
     assert proc.returncode == 2 and "nosuch" in proc.stderr
     assert not (tmp_path / "o").exists() and not (tmp_path / "mlflow.db").exists()
+    # a static preset off a scenario's menu fails before ranks, store or folders exist
+    proc = cli(["leaderboard", "--scenarios", "slow-link", "--agents", "static:int8/4MB/H1",
+                "--output-dir", str(tmp_path / "o")], tmp_path)  # fmt: skip
+    assert proc.returncode == 2 and "slow-link" in proc.stderr and "fp16/25MB/H4" in proc.stderr
+    assert not (tmp_path / "o").exists() and not (tmp_path / "mlflow.db").exists()
