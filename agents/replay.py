@@ -27,7 +27,7 @@ the scheduler
    ``StepStats`` timings and bytes, training loss, held-out loss) and exchanges these
    scalars with ONE small all-gather (18 float64 per rank);
 3. aggregates them with :meth:`commgym.env.measure.DecisionMeasurement.from_ranks` and
-   builds the observation with :meth:`commgym.env.measure.ObservationBuilder.build`, the
+   builds the observation with :meth:`commgym.env.spaces.ObservationBuilder.build`, the
    very code the environment runs, so the policy sees the observation it was trained on;
 4. asks the policy for an action on rank 0 only (``predict(obs, deterministic=True)``),
    broadcasts the three menu indices, and reconfigures the synchronizer on every rank at

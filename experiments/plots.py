@@ -205,7 +205,7 @@ def _training_time(rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, list[
 
 def _bandwidth_gbps(row: Mapping[str, Any]) -> float:
     """Effective bandwidth of one decision row, Gbit/s (the observation's definition)."""
-    from commgym.env.spaces import effective_bandwidth_gbps
+    from commgym.env.measure import effective_bandwidth_gbps
 
     b, t = _num(row.get("bytes_total")), _num(row.get("comm_s"))
     return effective_bandwidth_gbps(b, t) if math.isfinite(b) and math.isfinite(t) else math.nan
@@ -303,7 +303,7 @@ def action_timeline_plot(
     end to end, with dotted lines at episode boundaries): the chosen configuration as a
     categorical step plot, ``eval_loss`` (log scale when positive) with the target as a
     dashed line, and the effective bandwidth ``bytes_total * 8 / comm_s`` in Gbit/s
-    (:func:`commgym.env.spaces.effective_bandwidth_gbps`, the observation's definition).
+    (:func:`commgym.env.measure.effective_bandwidth_gbps`, the observation's definition).
     Several runs (e.g. one per seed) are drawn over each other, one colour each.
 
     Args:

@@ -21,7 +21,7 @@ import numpy as np
 import yaml
 from rich.table import Table
 
-from commgym.env.spaces import effective_bandwidth_gbps
+from commgym.env.measure import effective_bandwidth_gbps
 from commgym.experiments.config import RunConfig
 from commgym.experiments.progress import console, phase
 

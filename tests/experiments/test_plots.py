@@ -106,7 +106,7 @@ def test_timeline_all_seeds_target_and_bandwidth_from_episode_rows():
 
     import commgym.env  # noqa: F401 - registers the env
     from commgym.agents import make_agent
-    from commgym.env.spaces import effective_bandwidth_gbps
+    from commgym.env.measure import effective_bandwidth_gbps
     from commgym.experiments.train import run_episode
 
     env = gym.make(
