@@ -61,13 +61,13 @@ def split_holdout(
         ValueError: ``holdout_every`` < 0, a fraction outside ``[0, 1)``, or nothing
             left to fit.
     """
-    from commgym.env.surrogate.record import _link_rates
+    from commgym.env.surrogate.record import link_rates
 
     if holdout_every < 0:
         raise ValueError(f"holdout_every must be >= 0, got {holdout_every}")
     if not 0.0 <= holdout_configs_frac < 1.0:
         raise ValueError(f"holdout_configs_frac must be in [0, 1), got {holdout_configs_frac}")
-    rates = _link_rates(df)
+    rates = link_rates(df)
     by_rate = np.zeros(len(df), dtype=bool)
     for r in holdout_rates_gbps:
         by_rate |= np.isclose(rates, float(r))

@@ -46,7 +46,6 @@ from commgym.experiments.train import (
     _slug,
     _start_ranks,
     learn_agent,
-    network_label,
 )
 
 __all__ = [
@@ -272,7 +271,7 @@ def _row(e: LeaderboardEntry) -> list[str]:
 def _title(cfg: RunConfig, scenario: str, seeds: int) -> str:
     env = cfg.env_config
     return (
-        f"{scenario}: {env.workload}, {env.world_size} ranks, {network_label(env.network)}, "
+        f"{scenario}: {env.workload}, {env.world_size} ranks, {env.network_plan.label()}, "
         f"{seeds} seeds, target held-out loss {env.target_loss}, budget {env.time_budget_s} s"
     )
 

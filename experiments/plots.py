@@ -256,7 +256,7 @@ def action_timeline_figure(
         ax_cfg.scatter(x, y_cfg + offset, color=color, s=14, zorder=3)
         ax_loss.plot(x, loss, marker=".", color=color, label=label or None)
         ax_bw.plot(x, bw, marker=".", color=color)
-        link = np.array([_num(r.get("link_gbps")) for r in run], dtype=np.float64)
+        link = np.array([_num(r.get("link_rate_gbps")) for r in run], dtype=np.float64)
         if np.isfinite(link).any():  # the configured rate, where the link is emulated
             ax_bw.step(x, link, where="pre", color=color, ls="--", lw=1, alpha=0.7)
             link_drawn = True
@@ -311,7 +311,7 @@ def action_timeline_plot(
             <commgym.experiments.tracking.TrackingWrapper>` or ``decisions.csv`` read
             with ``csv.DictReader``; or a mapping run label (``"seed 1000"``) -> such
             rows. Keys used: ``train_time_s`` (cumulative in the episode), ``config``,
-            ``eval_loss``, ``bytes_total`` and ``comm_s``; optional ``link_gbps`` (the
+            ``eval_loss``, ``bytes_total`` and ``comm_s``; optional ``link_rate_gbps`` (the
             configured link rate of an emulated network, drawn dashed in the bandwidth
             panel). Missing or non-numeric values are NaN.
         path: output PNG path (parent directories are created).

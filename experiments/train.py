@@ -22,6 +22,7 @@ import yaml
 from rich.table import Table
 
 from commgym.env.measure import effective_bandwidth_gbps
+from commgym.env.net.plan import link_rate_gbps
 from commgym.experiments.config import RunConfig
 from commgym.experiments.progress import console, phase
 
@@ -113,7 +114,7 @@ def run_episode(
                 "comm_s": float(m["comm_s"]),
                 "comm_wait_s": float(m["comm_wait_s"]),
                 "bandwidth_gbps": effective_bandwidth_gbps(m["bytes_total"], m["comm_s"]),
-                "link_gbps": link_gbps(info.get("network")),
+                "link_rate_gbps": link_rate_gbps(info.get("network"), unshaped=math.nan),
                 "reward": float(reward),
             }
         )
@@ -132,15 +133,6 @@ def run_episode(
     )
 
 
-def link_gbps(network: str | None) -> float:
-    """Configured rate of an emulated link in Gbit/s (``info["network"]``); NaN when unshaped."""
-    if not network:
-        return math.nan
-    from commgym.env.net import NetworkSpec
-
-    return NetworkSpec.parse(network).rate_bit_s / 1e9
-
-
 def _mean_pm(values: list[float], fmt: str) -> str:
     """``mean ± 95 % half-width``; just the mean for one seed (no interval exists)."""
     from commgym.experiments.plots import mean_ci
@@ -149,20 +141,6 @@ def _mean_pm(values: list[float], fmt: str) -> str:
     if not math.isfinite(mean):
         return "-"
     return f"{mean:{fmt}}" if n < 2 else f"{mean:{fmt}} ± {half:{fmt}}"
-
-
-def network_label(network: Any) -> str:
-    """How a table title names the network: the spec, or ``loopback (unshaped)``."""
-    if network is None:
-        return "loopback (unshaped)"
-    if isinstance(network, str):
-        return f"emulated {network}"
-    if isinstance(network, dict) and "profiles" in network:
-        return f"emulated, per episode one of {' / '.join(map(str, network['profiles']))}"
-    entries = network.get("schedule", []) if isinstance(network, dict) else network
-    shift = network.get("shift_s") if isinstance(network, dict) else None
-    steps = " -> ".join(f"{spec} at {t:g} s" for t, spec in entries)
-    return f"emulated schedule {steps}" + (f" (switches shifted ±{shift:g} s)" if shift else "")
 
 
 def _print_table(
@@ -175,7 +153,7 @@ def _print_table(
     stat = "mean ± 95% CI" if seeds > 1 else "one seed: no interval"
     table = Table(
         title=f"{cfg.env.get('workload', 'mlp-digits')}, {cfg.env.get('world_size', 2)} ranks, "
-        f"{network_label(cfg.env.get('network'))}, {seeds} seed{'s' if seeds != 1 else ''}, "
+        f"{cfg.env_config.network_plan.label()}, {seeds} seed{'s' if seeds != 1 else ''}, "
         f"training budget {budget} s per episode{goal} ({stat})"
     )
     cols = ["agent", _return_label(cfg), "final eval loss", "accuracy", "bytes/step"]
@@ -286,7 +264,7 @@ def _compare(
                 action_timeline_plot(
                     {f"seed {e.seed}": e.rows for e in eps},
                     out / f"timeline-{_slug(name)}.png",
-                    title=f"{name}, {network_label(cfg.env.get('network'))}",
+                    title=f"{name}, {cfg.env_config.network_plan.label()}",
                     target_loss=target,
                 )
             )
@@ -305,7 +283,7 @@ def _compare(
             {n: [e.rows for e in r] for n, r in results.items()},
             out / "loss-curves.png",
             target_loss=target,
-            title=f"held-out loss vs training time, {network_label(cfg.env.get('network'))}",
+            title=f"held-out loss vs training time, {cfg.env_config.network_plan.label()}",
         )
     )
     return results, figures

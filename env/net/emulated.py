@@ -22,8 +22,8 @@ from commgym.env.net.host import (
     _run,
     tbf_burst_bytes,
 )
+from commgym.env.net.plan import NetworkSpec
 from commgym.env.net.records import _pick_subnet, _proc_start_time, _state_lock
-from commgym.env.net.spec import NetworkSpec
 
 # ------------------------------------------------------------------------ the topology
 

@@ -225,7 +225,7 @@ def test_surrogate_schedule_shifts_switches_per_seed_as_the_real_env(model):
     from commgym.env.allreduce_env import EnvConfig
 
     network = {"schedule": [[0, "1gbit"], [0.05, "100mbit"]], "shift_s": 0.02}
-    schedule = EnvConfig(network=network)._network[1]
+    schedule = EnvConfig(network=network).network_plan.schedule
     env = SurrogateEnv(model, noise=0.0, time_budget_s=1e9, max_decisions=400, network=network)
     switches = set()
     for seed in range(4):
