@@ -76,7 +76,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from commgym.agents.base import Agent, _LayoutEnv, check_compatible, read_policy_json
+from commgym.agents.base import Agent, LayoutEnv, check_compatible, read_policy_json
 from commgym.collectives import CommConfig, GradientSynchronizer
 from commgym.collectives.ddp_sync import DDPHookSynchronizer
 from commgym.collectives.stats import StepStats
@@ -140,7 +140,7 @@ def resolve_policy(
     """
     from commgym.agents.registry import load_agent, make_agent
 
-    env = _LayoutEnv(menu)
+    env = LayoutEnv(menu)
     if isinstance(policy, Agent):
         check_compatible(policy.layout, env)
         return policy

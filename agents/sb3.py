@@ -29,9 +29,10 @@ from commgym.agents.base import (
     POLICY_JSON,
     Agent,
     LearnCallback,
-    _Progress,
-    _zip_path,
+    Progress,
     read_policy_json,
+    step_report,
+    zip_path,
 )
 from commgym.env import FlattenAction
 
@@ -81,18 +82,12 @@ class _FunctionCallback(BaseCallback):
         obs = info.get("terminal_observation") if done else None
         if obs is None:
             obs = np.asarray(loc["new_obs"])[0]
-        keep = self._fn(
-            {
-                "obs": obs,
-                "action": self._to_multi(np.asarray(loc["actions"])[0]),
-                "reward": float(np.asarray(loc["rewards"])[0]),
-                "terminated": done and not truncated,
-                "truncated": truncated,
-                "info": info,
-                "timestep": int(self.num_timesteps),
-            }
+        action = self._to_multi(np.asarray(loc["actions"])[0])
+        reward = float(np.asarray(loc["rewards"])[0])
+        step = step_report(
+            obs, action, reward, done and not truncated, truncated, info, self.num_timesteps
         )
-        return keep is not False
+        return self._fn(step) is not False
 
 
 class _RichProgressCallback(BaseCallback):
@@ -101,10 +96,10 @@ class _RichProgressCallback(BaseCallback):
     def __init__(self, total: int, label: str) -> None:
         super().__init__()
         self._total, self._label = total, label
-        self._bar: _Progress | None = None
+        self._bar: Progress | None = None
 
     def _on_training_start(self) -> None:
-        self._bar = _Progress(self._total, self._label)
+        self._bar = Progress(self._total, self._label)
 
     def _on_step(self) -> bool:
         if self._bar is not None:
@@ -288,7 +283,7 @@ class SB3Agent(Agent):
         return count["decisions"]
 
     def save(self, path: str | Path) -> Path:  # noqa: D102 - documented on Agent
-        path = _zip_path(path)
+        path = zip_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.model.save(path)
         meta = self._policy_json({"num_timesteps": int(self.model.num_timesteps)})

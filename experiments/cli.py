@@ -365,7 +365,7 @@ def evaluate_cmd(
         _check_outputs(cfg)
     except (ValueError, FileNotFoundError) as err:
         _fail(err)
-    from commgym.experiments.train import evaluate
+    from commgym.experiments.evaluation import evaluate
 
     try:
         evaluate(cfg, policy)
