@@ -68,7 +68,7 @@ bench_app = typer.Typer(help="Benchmarks (measured side by side in one run).", n
 app.add_typer(bench_app, name="bench")
 
 
-@bench_app.command("sync")
+@bench_app.command("sync", cls=RegistryHelpCommand)
 def bench_sync(
     world_size: int = typer.Option(2, "--world-size", min=2, help="Number of gloo ranks."),
     steps: int = typer.Option(30, "--steps", min=3, help="Measured steps per configuration."),
@@ -77,7 +77,9 @@ def bench_sync(
         25.0, "--bucket-mb", help="Bucket size in MiB for both DDP and commgym."
     ),
     model: str = typer.Option(
-        "mlp", "--model", help="Benchmark model: 'mlp' (digits-sized) or 'wide' (~10M params)."
+        "mid-mlp",
+        "--model",
+        help="Benchmark model, a workload: {workloads} (mid-mlp: 1.13M params; wide-mlp: 21M).",
     ),
     compressors: str = typer.Option(
         "none,fp16,bf16,int8,int4,int2,topk:0.01,randomk:0.01,powersgd:4",
@@ -109,7 +111,7 @@ def bench_sync(
 ) -> None:
     """Torch DDP vs GradientSynchronizer (same model, buckets, gloo ranks) and every compressor."""
     from commgym.collectives import WorkerFailed
-    from commgym.experiments.bench import run_sync_benchmark
+    from commgym.experiments.bench.sync import run_sync_benchmark
 
     try:
         run_sync_benchmark(
@@ -152,7 +154,7 @@ def bench_kernels(
     ),
 ) -> None:
     """Time of each compression kernel next to a copy of the same buffer."""
-    from commgym.experiments.bench_kernels import run_kernel_benchmark
+    from commgym.experiments.bench.kernels import run_kernel_benchmark
 
     run_kernel_benchmark(
         sizes_mb=None
@@ -182,7 +184,7 @@ def bench_env(
 ) -> None:
     """Median env-step wall time vs the ranks' own training time (overhead ratio)."""
     from commgym.collectives import WorkerFailed
-    from commgym.experiments.bench_env import run_env_benchmark
+    from commgym.experiments.bench.env import run_env_benchmark
 
     try:
         run_env_benchmark(
@@ -215,7 +217,7 @@ def bench_netem(
     json_path: str | None = typer.Option(None, "--json", help="Also write the rows as JSON."),
 ) -> None:
     """All-reduce bus bandwidth per network profile and world size, vs the configured rate."""
-    from commgym.experiments.bench_netem import run_netem_benchmark
+    from commgym.experiments.bench.netem import run_netem_benchmark
 
     try:
         run_netem_benchmark(
@@ -507,7 +509,7 @@ def bench_collectives_cmd(
     ),
 ) -> None:
     """Time all-reduce / all-gather on real ranks and fit the alpha-beta prior."""
-    from commgym.experiments.bench_collectives import run_collectives_benchmark
+    from commgym.experiments.bench.collectives import run_collectives_benchmark
 
     try:
         run_collectives_benchmark(
@@ -523,10 +525,48 @@ def bench_surrogate_cmd(
     steps: int = typer.Option(20000, "--steps", min=100, help="Env steps to time."),
 ) -> None:
     """Env steps per second of commgym/Surrogate-v0 on one core."""
-    from commgym.experiments.bench_collectives import run_surrogate_benchmark
+    from commgym.experiments.bench.surrogate import run_surrogate_benchmark
 
     try:
         run_surrogate_benchmark(model, steps)
+    except (ValueError, FileNotFoundError) as err:
+        _fail(err)
+
+
+@bench_app.command("surrogate-holdout")
+def bench_surrogate_holdout_cmd(
+    data: str = typer.Option(..., "--data", help="Comma-separated transition files."),
+    bench: str | None = typer.Option(None, "--bench", help="The collection's .bench.json."),
+    config: str | None = typer.Option(
+        None, "--config", help="Scenario the data was collected with (its action menu)."
+    ),
+    holdout_rate: list[float] | None = typer.Option(  # noqa: B008 - typer's form
+        None, "--holdout-rate", help="Link rate held out entirely, Gbit/s (repeatable)."
+    ),
+    holdout_every: int = typer.Option(
+        0, "--holdout-every", min=0, help="Hold out every this many episodes (0: none)."
+    ),
+    holdout_configs: float = typer.Option(
+        0.0, "--holdout-configs", help="Fraction of configurations held out, in [0, 1)."
+    ),
+    holdout_data: str = typer.Option(
+        "", "--holdout-data", help="Comma-separated transition files of other runs."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the held-out configurations."),
+    steps: int = typer.Option(20000, "--steps", min=100, help="Env steps to time."),
+) -> None:
+    """Held-out accuracy of the surrogate (rates, seeds, configurations) and its speed."""
+    from commgym.experiments.bench.surrogate_holdout import run_surrogate_holdout_benchmark
+    from commgym.experiments.config import load_run_config
+
+    try:
+        menu = load_run_config(config or "default").env.get("action_menu")
+        run_surrogate_holdout_benchmark(
+            [d for d in data.split(",") if d], bench=bench, menu=menu,
+            holdout_rates_gbps=holdout_rate or [], holdout_every=holdout_every,
+            holdout_configs_frac=holdout_configs,
+            holdout_data=[d for d in holdout_data.split(",") if d], seed=seed, steps=steps,
+        )  # fmt: skip
     except (ValueError, FileNotFoundError) as err:
         _fail(err)
 

@@ -19,6 +19,7 @@ from commgym.env.spaces import OBSERVATION_FIELDS
 #: :class:`~commgym.env.measure.DecisionMeasurement`.
 MEASURED_KEYS: tuple[str, ...] = tuple(k for k in DECISION_FIELDS if k != "bucket_bytes")
 
+
 class TransitionRecorder(gym.Wrapper):
     """Records every decision of a commgym env as one row; writes CSV or Parquet.
 

@@ -288,7 +288,7 @@ def test_old_model_version_is_refused(model, tmp_path):
 def test_real_held_out_rate_and_seed_targets(tmp_path):
     # the targets: step-time MAPE <= 15 %, Kendall tau >= 0.8 on a rate and seeds the fit
     # never saw (timing figures: only on an otherwise idle machine)
-    from commgym.experiments.bench_surrogate import run_surrogate_holdout_benchmark
+    from commgym.experiments.bench.surrogate_holdout import run_surrogate_holdout_benchmark
     from commgym.experiments.collect import record_dataset
 
     scenario = {
