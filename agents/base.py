@@ -45,9 +45,11 @@ __all__ = [
     "LearnCallback",
     "Progress",
     "StepAgent",
+    "as_observations",
     "check_compatible",
     "layout_of",
     "menu_of",
+    "predict_each",
     "read_policy_json",
     "step_report",
     "zip_path",
@@ -221,6 +223,62 @@ class LayoutEnv(gym.Env):
 
     def step(self, action):  # noqa: D102 - it raises
         raise RuntimeError("agent was loaded without an env: load(path, env=...) to learn")
+
+
+def as_observations(observation: Any, dim: int) -> tuple[np.ndarray, bool]:
+    """An observation ``(dim,)`` or a batch ``(n, dim)`` as float32, and whether it is a batch.
+
+    Raises:
+        ValueError: any other shape (the message gives both valid ones).
+    """
+    obs = np.asarray(observation, dtype=np.float32)
+    if obs.shape == (dim,):
+        return obs, False
+    if obs.ndim == 2 and obs.shape[1] == dim:
+        return obs, True
+    raise ValueError(f"observation must have shape ({dim},) or (n, {dim}), got {obs.shape}")
+
+
+#: ``act(obs, state, episode_start) -> (action, next state)`` for ONE observation ``(dim,)``.
+RowPolicy = Callable[[np.ndarray, Any, bool], tuple[np.ndarray, Any]]
+
+
+def predict_each(
+    observation: Any,
+    dim: int,
+    state: Any,
+    episode_start: np.ndarray | None,
+    act: RowPolicy,
+) -> tuple[np.ndarray, Any]:
+    """``Agent.predict`` for an agent that decides one observation at a time (``act``).
+
+    A single observation ``(dim,)`` gets ``act(obs, state, start)``'s answer as it is. A
+    batch ``(n, dim)`` is decided row by row: ``state`` is one entry per row (``None``:
+    all ``None``), ``episode_start`` one flag per row; the actions come back as ``(n, 3)``
+    int64 and the states as a list (``None`` when every row's is ``None``).
+
+    Raises:
+        ValueError: a wrong observation shape, or ``state`` not one entry per row.
+    """
+    obs, batched = as_observations(observation, dim)
+    if not batched:
+        start = episode_start is not None and bool(np.asarray(episode_start).reshape(-1)[0])
+        return act(obs, state, start)
+    n = obs.shape[0]
+    states: Sequence[Any] = [None] * n if state is None else list(state)
+    if len(states) != n:
+        raise ValueError(f"state has {len(states)} entries for a batch of {n}")
+    starts = (
+        np.zeros(n, dtype=bool)
+        if episode_start is None
+        else np.asarray(episode_start, dtype=bool).reshape(n)
+    )
+    actions = np.empty((n, 3), dtype=np.int64)
+    new_states: list[Any] = []
+    for i in range(n):
+        actions[i], s = act(obs[i], states[i], bool(starts[i]))
+        new_states.append(s)
+    return actions, (None if all(s is None for s in new_states) else new_states)
 
 
 class Agent(ABC):
@@ -432,31 +490,10 @@ class StepAgent(Agent):
         episode_start: np.ndarray | None = None,
         deterministic: bool = True,
     ) -> tuple[np.ndarray, Any]:
-        obs = np.asarray(observation, dtype=np.float32)
-        if obs.shape == (self._obs_dim,):
-            if episode_start is not None and bool(np.asarray(episode_start).reshape(-1)[0]):
-                state = None
-            return self._act(obs, state, deterministic)
-        if obs.ndim == 2 and obs.shape[1] == self._obs_dim:
-            n = obs.shape[0]
-            states: Sequence[Any] = [None] * n if state is None else list(state)
-            if len(states) != n:
-                raise ValueError(f"state has {len(states)} entries for a batch of {n}")
-            starts = (
-                np.zeros(n, dtype=bool)
-                if episode_start is None
-                else np.asarray(episode_start, dtype=bool).reshape(n)
-            )
-            actions = np.empty((n, 3), dtype=np.int64)
-            new_states: list[Any] = []
-            for i in range(n):
-                actions[i], s = self._act(obs[i], None if starts[i] else states[i], deterministic)
-                new_states.append(s)
-            return actions, (None if all(s is None for s in new_states) else new_states)
-        raise ValueError(
-            f"observation must have shape ({self._obs_dim},) or (n, {self._obs_dim}), "
-            f"got {obs.shape}"
-        )
+        def act(obs: np.ndarray, row_state: Any, start: bool) -> tuple[np.ndarray, Any]:
+            return self._act(obs, None if start else row_state, deterministic)
+
+        return predict_each(observation, self._obs_dim, state, episode_start, act)
 
     def learn(  # noqa: D102 - documented on Agent
         self,

@@ -30,6 +30,7 @@ from commgym.agents.base import (
     Agent,
     LearnCallback,
     Progress,
+    as_observations,
     read_policy_json,
     step_report,
     zip_path,
@@ -157,10 +158,7 @@ class SB3Agent(Agent):
         episode_start: np.ndarray | None = None,
         deterministic: bool = True,
     ) -> tuple[np.ndarray, Any]:
-        obs = np.asarray(observation, dtype=np.float32)
-        dim = int(np.prod(self.observation_space.shape))
-        if obs.shape != (dim,) and not (obs.ndim == 2 and obs.shape[1] == dim):
-            raise ValueError(f"observation must have shape ({dim},) or (n, {dim}), got {obs.shape}")
+        obs, _ = as_observations(observation, int(np.prod(self.observation_space.shape)))
         action, state = self.model.predict(obs, state, episode_start, deterministic)
         return self._to_multi(action), state
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from commgym.agents.replay import is_policy_file
 from commgym.agents.rollout import Episode, rollout
+from commgym.agents.scheduler import is_policy_file
 from commgym.experiments.config import RunConfig
 from commgym.experiments.evaluation import TrainingClock, print_table
 from commgym.experiments.progress import console, phase

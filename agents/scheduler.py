@@ -4,7 +4,7 @@ A policy trained on ``commgym/AllReduce-v0`` (or any agent of :data:`AGENTS`) st
 gradient compression, bucket size and local-SGD period of a real ``torchrun`` job::
 
     import torch.distributed as dist
-    from commgym.agents.replay import CommScheduler
+    from commgym.agents.scheduler import CommScheduler
 
     dist.init_process_group("gloo")                     # or "nccl"; torchrun sets the rest
     model = build_model()

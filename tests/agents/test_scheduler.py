@@ -20,7 +20,7 @@ import torch
 
 from commgym.agents import PPOAgent, StaticAgent
 from commgym.agents.base import LayoutEnv
-from commgym.agents.replay import EXCHANGED_FIELDS, CommScheduler, resolve_policy
+from commgym.agents.scheduler import EXCHANGED_FIELDS, CommScheduler, resolve_policy
 from commgym.env.measure import DecisionMeasurement
 from commgym.env.spaces import ActionMenu, ObservationBuilder
 

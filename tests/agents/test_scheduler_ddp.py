@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commgym.agents.base import LayoutEnv, StepAgent
-from commgym.agents.replay import CommScheduler, policy_mismatch
+from commgym.agents.scheduler import CommScheduler, policy_mismatch
 from commgym.env.spaces import ActionMenu
 from tests.collectives.test_ddp_semantics import BNNet, _images
 
