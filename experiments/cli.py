@@ -288,14 +288,14 @@ def _check_tracking(uri: str | None) -> None:
     degrade-to-no-op behaviour; on the command line the user asked for that store.)
     """
     from commgym.experiments.tracking.store import (
-        _is_remote,
-        _probe_server,
         default_tracking_uri,
+        is_remote,
+        probe_server,
     )
 
     uri = uri or default_tracking_uri()
-    if _is_remote(uri):
-        err = _probe_server(uri, 3.0)
+    if is_remote(uri):
+        err = probe_server(uri, 3.0)
         if err is not None:
             raise ValueError(
                 f"MLflow tracking server {uri} is unreachable ({err}); start it, or omit "

@@ -121,7 +121,7 @@ class TrackingWrapper(gym.Wrapper):
         try:
             self._record(action, reward, terminated, truncated, info)
         except Exception as err:  # logging must never kill training
-            self.run.tracker._warn(
+            self.run.tracker.warn(
                 f"wrapper:{type(err).__name__}",
                 f"TrackingWrapper could not record a step ({type(err).__name__}: {err})",
             )
@@ -224,7 +224,7 @@ class TrackingWrapper(gym.Wrapper):
                     self.run.log_artifact(self.write_csv(Path(tmp) / "decisions.csv"))
                 self.run.flush()
             except Exception as err:  # logging must never kill training
-                self.run.tracker._warn(
+                self.run.tracker.warn(
                     f"wrapper-close:{type(err).__name__}",
                     f"TrackingWrapper could not save decisions.csv ({type(err).__name__}: {err})",
                 )

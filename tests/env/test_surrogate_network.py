@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import commgym.env  # noqa: F401 - registers the envs
-from commgym.collectives.spec import COMPRESSORS, CompressionSpec
+from commgym.collectives.compressors import COMPRESSORS, CompressionSpec
 from commgym.env import ActionMenu
 from commgym.env.net import NetworkSpec, choose_profile, netem_available
 from commgym.env.surrogate import (
