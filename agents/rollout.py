@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -38,20 +38,7 @@ from commgym.env.measure import (
 )
 from commgym.env.net.plan import link_rate_gbps
 
-__all__ = ["Episode", "EpisodeStep", "Policy", "StepCallback", "rollout"]
-
-
-class Policy(Protocol):
-    """Anything with :meth:`~commgym.agents.base.Agent.predict`'s signature."""
-
-    def predict(
-        self,
-        observation: np.ndarray,
-        state: Any = None,
-        episode_start: np.ndarray | None = None,
-        deterministic: bool = True,
-    ) -> tuple[np.ndarray, Any]:
-        """Menu indices for an observation, and the next state."""
+__all__ = ["Episode", "EpisodeStep", "StepCallback", "rollout"]
 
 
 #: ``on_step(step) -> bool | None`` after every ``env.step``; ``step`` is
@@ -196,7 +183,7 @@ _OUTCOME_FIELDS = tuple(f.name for f in fields(Episode) if f.compare)
 
 def rollout(
     env: gym.Env,
-    agent: Policy,
+    agent: Any,
     seed: int | None = None,
     *,
     target_loss: float | None = None,

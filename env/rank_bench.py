@@ -23,6 +23,7 @@ import gc
 import math
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -101,71 +102,78 @@ def _batches(
     return batches
 
 
-def _run_ddp(
-    base: nn.Module,
+def _timed(
     batches: list[tuple[torch.Tensor, torch.Tensor]],
-    loss_fn: Any,
     warmup: int,
-    bucket_mb: float,
-    lr: float,
-) -> tuple[list[float], nn.Module]:
-    from torch.nn.parallel import DistributedDataParallel
+    step: Callable[[torch.Tensor, torch.Tensor], Any],
+) -> tuple[list[float], list[Any]]:
+    """``step(x, y)`` on every batch, each timed whole; the first ``warmup`` not kept.
 
-    model = copy.deepcopy(base)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    Barriers separate the configuration from the one before and the warm-up from the
+    measured steps (never inside a timed step).
+
+    Returns:
+        ``(seconds per measured step, what step returned for each)``.
+    """
     times: list[float] = []
+    outs: list[Any] = []
     gc.collect()
     dist.barrier()
     for i, (x, y) in enumerate(batches):
         if i == warmup:
             dist.barrier()
         t0 = time.perf_counter()
-        opt.zero_grad()
-        loss_fn(ddp(x), y).backward()  # gradients all-reduced by DDP's reducer
-        opt.step()
+        out = step(x, y)
         t1 = time.perf_counter()
         if i >= warmup:
             times.append(t1 - t0)
+            outs.append(out)
     dist.barrier()
-    del ddp
-    return times, model
+    return times, outs
 
 
-def _run_ours(
-    *,
+def _run_config(
     base: nn.Module,
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     loss_fn: Any,
     warmup: int,
     bucket_mb: float,
     lr: float,
-    spec: str,
+    spec: str | None,
     sync_period: int = 1,
 ) -> tuple[list[float], list[dict[str, Any]], nn.Module]:
+    """One configuration from ``base``'s weights: torch DDP (``spec`` None) or ours.
+
+    Returns:
+        ``(seconds per measured step, ours' per-step statistics (none for DDP), the
+        trained model)``.
+    """
     model = copy.deepcopy(base)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    if spec is None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+
+        def ddp_step(x: torch.Tensor, y: torch.Tensor) -> None:
+            opt.zero_grad()
+            loss_fn(ddp(x), y).backward()  # gradients all-reduced by DDP's reducer
+            opt.step()
+
+        times, _ = _timed(batches, warmup, ddp_step)  # DDP's reducer goes with this frame
+        return times, [], model
     sync = GradientSynchronizer(
         model, CommConfig(spec, bucket_mb=bucket_mb, sync_period=sync_period), error_every=0
     )
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    times: list[float] = []
-    stats = []
-    gc.collect()
-    dist.barrier()
-    for i, (x, y) in enumerate(batches):
-        if i == warmup:
-            dist.barrier()
-        t0 = time.perf_counter()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[Any, Any]:
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         st = sync.synchronize()
         opt.step()
-        avg = sync.after_optimizer_step()
-        t1 = time.perf_counter()
-        if i >= warmup:
-            times.append(t1 - t0)
-            stats.append((st, avg))
-    dist.barrier()
+        return st, sync.after_optimizer_step()
+
+    times, stats = _timed(batches, warmup, step)
     sync.remove_hooks()
     rows = [
         {
@@ -246,14 +254,12 @@ def bench_sync(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
     local: dict[str, list[list[float]]] = {c: [] for c in configs}
     ours: dict[str, list[list[dict[str, Any]]]] = {s: [] for s in specs}
     max_diff = 0.0
+    setup = (base, batches, wl.loss_fn, warmup, bucket_mb, lr)
     for _ in range(rounds):
-        times, ddp_model = _run_ddp(base, batches, wl.loss_fn, warmup, bucket_mb, lr)
+        times, _, ddp_model = _run_config(*setup, None)
         local["ddp"].append(times)
         for spec in specs:
-            times, rows, ours_model = _run_ours(
-                base=base, batches=batches, loss_fn=wl.loss_fn, warmup=warmup,
-                bucket_mb=bucket_mb, lr=lr, spec=spec, sync_period=sync_period,
-            )  # fmt: skip
+            times, rows, ours_model = _run_config(*setup, spec, sync_period)
             local[spec].append(times)
             ours[spec].append(rows)
             if spec == "none" and sync_period == 1:
