@@ -22,8 +22,9 @@ command                        module
 Benchmarks that need ranks start them the one way the env does: a
 :class:`~commgym.env.cluster.Cluster` of :mod:`commgym.env.worker` ranks (torchrun, over
 emulated links when asked), sending the worker's benchmark commands
-(:mod:`commgym.env.rank_bench`). The commands themselves are in
-:mod:`commgym.experiments.cli`; ``python -m commgym.experiments.bench`` runs the same group.
+(:mod:`commgym.env.rank_bench`). The commands and their option tables are
+:mod:`~commgym.experiments.bench.commands`; ``python -m commgym.experiments.bench`` runs the
+same group.
 """
 
 from __future__ import annotations
