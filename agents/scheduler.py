@@ -78,6 +78,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from commgym.agents.base import Agent, LayoutEnv, check_compatible, read_policy_json
 from commgym.collectives import CommConfig, GradientSynchronizer
+from commgym.collectives.amp import FOUND_INF_BYTES, agree_found_inf
 from commgym.collectives.ddp_sync import DDPHookSynchronizer
 from commgym.collectives.stats import StepStats
 from commgym.env.measure import (
@@ -483,7 +484,10 @@ class CommScheduler:
         Call after ``loss.backward()`` (and optionally :meth:`synchronize`) on every
         rank. Does, in order: :meth:`synchronize` unless already called for this step,
         ``optimizer.step()`` (or ``scaler.step(optimizer)`` + ``scaler.update()``, which
-        skip the step on every rank when the gradient is non-finite),
+        skip the step on every rank when any rank's gradient is non-finite, so the
+        scaler's state stays the same on every rank under every period: on a local-SGD
+        step the found-inf flag is reduced across ranks first, one 4-byte all-reduce,
+        :func:`~commgym.collectives.amp.agree_found_inf`),
         ``after_optimizer_step()`` (local-SGD averaging every ``sync_period``) and, every
         ``decision_every`` calls, a decision (collectives on every rank; see the class
         docstring).
@@ -492,13 +496,16 @@ class CommScheduler:
             loss: this step's training loss (a tensor is detached, never synchronised
                 here); used for the ``train_loss`` field, and for ``eval_loss`` without
                 ``eval_fn``. None: the field is NaN, shown as 0. Pass the unscaled loss.
-            scaler: a ``torch.amp.GradScaler`` to step and update the optimizer with.
+            scaler: a ``torch.amp.GradScaler`` to step and update the optimizer with
+                (``unscale_`` it yourself after :meth:`synchronize` to clip, or let
+                ``scaler.step`` do it). Pass it at every step on every rank, or at none.
 
         Returns:
             This rank's :class:`StepStats` of the step.
 
         Raises:
             RuntimeError: after :meth:`close`, or a policy answered an off-menu action.
+            CollectiveTimeout: a rank did not join a collective within ``timeout_s``.
         """
         if self._closed:
             raise RuntimeError("CommScheduler.step() after close()")
@@ -506,7 +513,16 @@ class CommScheduler:
         self._synced = None
         sync = self.sync
         rec = self._recorder
+        extra_bytes = 0
         if scaler is not None:
+            if not st.synchronized and scaler.is_enabled():
+                # local gradients (sync_period > 1): one rank's overflow must make every
+                # rank skip and back off, or the scales (and, at period 1 again, the
+                # replicas) part for good. A synchronised gradient is bit-identical on
+                # every rank, non-finite everywhere if anywhere, so there the verdicts
+                # already agree without a collective.
+                agree_found_inf(scaler, self.optimizer, self.group, timeout_s=sync.timeout_s)
+                extra_bytes = FOUND_INF_BYTES
             scaler.step(self.optimizer)
             scaler.update()
         else:
@@ -517,7 +533,7 @@ class CommScheduler:
         if isinstance(loss, torch.Tensor):
             loss = loss.detach()
         wall_s = now - start - float(getattr(st, "instrumentation_s", 0.0))
-        rec.record_step(wall_s, loss, st, avg.bytes_sent)
+        rec.record_step(wall_s, loss, st, avg.bytes_sent + extra_bytes)
         self._t_mark = now
         self.optimizer_steps += 1
         if len(rec) >= self.decision_every:
