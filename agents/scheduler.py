@@ -465,13 +465,17 @@ class CommScheduler:
             This rank's :class:`StepStats`.
 
         Raises:
-            RuntimeError: after :meth:`close`, or called twice for one step.
+            RuntimeError: after :meth:`close`, or called twice for one step (accumulate
+                micro-batches under :meth:`no_sync` instead; the message says so).
         """
         if self._closed:
             raise RuntimeError("CommScheduler.synchronize() after close()")
         if self._synced is not None:
             raise RuntimeError(
-                "CommScheduler.synchronize() called twice for one step: call step() after it"
+                "CommScheduler.synchronize() called twice for one step. To accumulate "
+                "micro-batches, run all but the last backward inside `with sched.no_sync():` "
+                "and call synchronize() once per optimizer step; after synchronize() call "
+                "sched.step() (not optimizer.step()) on every rank"
             )
         if len(self._recorder) == self.decision_every - 1:
             self.sync.request_error_measurement()  # compression error of the window's last step
