@@ -367,7 +367,7 @@ class CommScheduler:
         self.policy: Agent | None = None
         self._policy_name = str(policy) if not isinstance(policy, Agent) else repr(policy)
         num_params = sum(p.numel() for p in params if p.requires_grad)
-        err, start, mismatch = "", None, []
+        err, start, mismatch, no_state = "", None, [], ""
         if self.rank == 0:
             try:
                 self.policy = resolve_policy(policy, self.menu, seed=seed)
@@ -381,12 +381,17 @@ class CommScheduler:
                     num_params=num_params,
                     decision_every=decision_every,
                 )
-        box = [err, start]
+                try:  # known on every rank, so state_dict() refuses on every rank
+                    self.policy.get_state()
+                except NotImplementedError as exc:
+                    no_state = str(exc)
+        box = [err, start, no_state]
         dist.broadcast_object_list(box, src=self._src, group=group, device=self._device)
         if box[0]:
             raise ValueError(f"CommScheduler cannot use policy {self._policy_name!r}: {box[0]}")
         if box[1] is not None:  # a static preset is in force from the first step
             self._action = np.array(box[1], dtype=np.int64)
+        self._no_policy_state: str = box[2]
         if mismatch:
             warnings.warn(
                 f"policy {self._policy_name!r} was trained on another job: "
@@ -549,9 +554,22 @@ class CommScheduler:
         """This rank's scheduler state (plain values and tensors; save one per rank).
 
         Holds the synchronizer's state, the decision history, the observation and
-        action in force, the policy's recurrent state and the measurements of the
-        window in progress, so a job resumed at any step continues as if not stopped.
+        action in force, the policy's recurrent state (what ``predict`` returned), the
+        policy's own state (:meth:`Agent.get_state <commgym.agents.base.Agent.get_state>`:
+        random generators, counters, search state; rank 0's file) and the measurements
+        of the window in progress, so a job resumed at any step continues as if not
+        stopped.
+
+        Raises:
+            NotImplementedError: on every rank, when the policy does not declare its
+                state (an :class:`~commgym.agents.base.Agent` subclass without
+                ``get_state``): a resumed job could not decide as this one would.
         """
+        if self._no_policy_state:
+            raise NotImplementedError(
+                f"CommScheduler cannot checkpoint policy {self._policy_name!r}: "
+                f"{self._no_policy_state}"
+            )
         return {
             "sync": self.sync.state_dict(),
             "optimizer_steps": self.optimizer_steps,
@@ -560,6 +578,7 @@ class CommScheduler:
             "observation": [float(x) for x in self.observation],
             "episode_start": self._episode_start,
             "policy_state": self._state,
+            "policy": self.policy.get_state() if self.policy is not None else None,
             "pending_s": self._pending_s,
             "records": [r.to_dict() for r in self.records],
             "builder": {
@@ -577,12 +596,18 @@ class CommScheduler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output (a collective: the synchronizer checks ranks).
 
+        Rank 0 restores the policy's own state from its file
+        (:meth:`Agent.set_state <commgym.agents.base.Agent.set_state>`).
+
         Raises:
-            ValueError: the saved action is not on this scheduler's menu.
+            ValueError: the saved action is not on this scheduler's menu; on every rank,
+                when rank 0's policy cannot take the saved policy state (another policy,
+                or rank 0 loaded a file saved by another rank).
         """
         action = np.array(state["action"], dtype=np.int64)
         if action.shape != (3,) or (action < 0).any() or (action >= self.menu.nvec).any():
             raise ValueError(f"saved action {state['action']} is not on the menu {self.menu}")
+        self._load_policy_state(state)
         self.sync.load_state_dict(state["sync"])
         self._action = action
         self.optimizer_steps = int(state["optimizer_steps"])
@@ -610,6 +635,35 @@ class CommScheduler:
         rec.extra_bytes = int(w["avg_bytes"])
         self._synced = None
         self._t_mark = None
+
+    def _load_policy_state(self, state: dict[str, Any]) -> None:
+        """Rank 0 restores its policy's state; every rank raises if that failed."""
+        err = ""
+        if self.rank == 0:
+            assert self.policy is not None
+            if "policy" not in state:  # a checkpoint written before policies had state
+                warnings.warn(
+                    "checkpoint holds no policy state (written by an older commgym): the "
+                    f"policy {self._policy_name!r} continues from its current state, so a "
+                    "stateful policy (random, bandit, autotune, ...) decides differently "
+                    "than the job that wrote it would have",
+                    stacklevel=3,
+                )
+            elif state["policy"] is None:
+                err = "this file holds no policy state: it was saved on a rank other than 0"
+            else:
+                try:
+                    self.policy.set_state(state["policy"])
+                except (KeyError, TypeError, ValueError, NotImplementedError) as exc:
+                    err = f"{type(exc).__name__}: {exc}"
+        box = [err]
+        dist.broadcast_object_list(box, src=self._src, group=self.group, device=self._device)
+        if box[0]:
+            raise ValueError(
+                f"CommScheduler.load_state_dict: rank 0's policy {self._policy_name!r} "
+                f"cannot take the saved policy state ({box[0]}); load each rank's own "
+                "checkpoint into a scheduler built with the same policy"
+            )
 
     def summary(self) -> dict[str, Any]:
         """Decisions, configuration changes and decision timings (plain values)."""
