@@ -261,7 +261,9 @@ class CommScheduler:
     warning naming both.
 
     **Checkpoints.** :meth:`state_dict` holds this rank's state (synchronizer residuals
-    and counters, DDP-hook layouts, decision history, the window being measured): save
+    and counters, DDP-hook layouts, decision history, the window being measured, and on
+    rank 0 the policy's own state, :meth:`Agent.get_state
+    <commgym.agents.base.Agent.get_state>`): save
     it per rank next to the model and optimizer state (``torch.save(...,
     f"ckpt.rank{rank}.pt")``), since error-feedback residuals and local-SGD replicas
     differ between ranks. Resume: build model, optimizer and scheduler as before, then
