@@ -19,7 +19,14 @@ import yaml
 
 from commgym.agents.rollout import Episode
 from commgym.experiments.config import RunConfig
-from commgym.experiments.evaluation import TrainingCost, compare_with_baselines, sim_to_real_gap
+from commgym.experiments.evaluation import (
+    EpisodeCounter,
+    TrainingCost,
+    build_agent,
+    compare_with_baselines,
+    search_oracle,
+    sim_to_real_gap,
+)
 from commgym.experiments.progress import console, phase
 from commgym.experiments.session import announce, make_env, parent_params, start_ranks
 
@@ -100,7 +107,6 @@ def learn_agent(
         ``(agent, cost, surrogate_env)``; ``surrogate_env`` is ``None`` on real ranks (the
         caller closes it).
     """
-    from commgym.agents import make_agent
     from commgym.experiments.tracking import TrackingWrapper
 
     cost = TrainingCost()
@@ -117,34 +123,29 @@ def learn_agent(
     learn_env = TrackingWrapper(
         surrogate if surrogate is not None else env, parent, prefix, log_decisions=False
     )
-    agent = make_agent(cfg.agent, learn_env, seed=cfg.seed, **cfg.agent_kwargs)
+    agent = build_agent(cfg.agent, learn_env, cfg, cfg.agent_hyperparams)
     params = parent_params(cfg, {f"agent.{k}": v for k, v in agent.hyperparams.items()})
     parent.log_params({prefix + k: v for k, v in params.items()})
     t0 = time.perf_counter()
     where = "the surrogate" if surrogate is not None else "real ranks"
-    with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
-        agent.learn(cfg.timesteps, callback=lambda _: adv(1))
-    learn_s = time.perf_counter() - t0
-    cost.add("learn_s", learn_s, 0 if surrogate is not None else cfg.timesteps)
+    if agent.oracle:  # what an oracle learns is its search over the evaluation seeds
+        search_oracle(cfg.agent, agent, cost, real=surrogate is None)
+        learn_s = time.perf_counter() - t0
+    else:
+        with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
+            agent.learn(cfg.timesteps, callback=lambda _: adv(1))
+        learn_s = time.perf_counter() - t0
+        cost.add("learn_s", learn_s, 0 if surrogate is not None else cfg.timesteps)
     learn_env.write_csv(out / "learning-decisions.csv")
     parent.log_artifact(out / "learning-decisions.csv")
     parent.log_metrics({f"{prefix}train/learn_s": learn_s}, step=cfg.timesteps)
     console.print(f"learned in {learn_s:.1f} s on {where}")
-    if surrogate is not None and cfg.fine_tune_episodes:
-        if not hasattr(agent, "fine_tune"):
-            raise ValueError(
-                f"fine_tune_episodes={cfg.fine_tune_episodes} needs an SB3 agent (ppo, a2c, "
-                f"dqn); {cfg.agent!r} has no fine-tuning"
-            )
+    if surrogate is not None and cfg.fine_tune_episodes:  # an SB3 agent (RunConfig checks)
         real_env = TrackingWrapper(env, parent, f"{prefix}fine_tune/", log_decisions=False)
         t0 = time.perf_counter()
         n = cfg.fine_tune_episodes
         with phase(f"fine-tuning {cfg.agent} on real ranks", n, unit="episodes") as adv:
-            decisions = agent.fine_tune(
-                real_env,
-                n,
-                callback=lambda step: adv(1) if step["terminated"] or step["truncated"] else None,
-            )
+            decisions = agent.fine_tune(real_env, n, callback=EpisodeCounter(adv))
         tune_s = time.perf_counter() - t0
         cost.add("fine_tune_s", tune_s, decisions)
         parent.log_metrics({f"{prefix}train/fine_tune_s": tune_s}, step=cfg.timesteps)
