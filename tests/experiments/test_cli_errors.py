@@ -11,6 +11,7 @@ import pytest
 
 from commgym.agents import StaticAgent
 from commgym.agents.base import LayoutEnv
+from commgym.env.net import delay_available, netem_available
 from commgym.env.spaces import ActionMenu
 from tests.experiments.cli_helpers import cli
 
@@ -35,6 +36,9 @@ def workdir(tmp_path):
     return tmp_path
 
 
+#: ``commgym evaluate`` of a valid preset on the smoke scenario (rows add the bad part).
+_EVALUATE = ["evaluate", "--config", "smoke", "--policy", "static:ddp-default"]
+
 CASES = {
     "output-dir under a file": (
         ["train", "--config", "smoke", "--output-dir", "a-file/out"],
@@ -42,7 +46,11 @@ CASES = {
     ),
     "output-dir on a pseudo file system": (
         ["train", "--config", "smoke", "--output-dir", "/proc/commgym-out"],
-        ("--output-dir", "not writable"),
+        (
+            "--output-dir '/proc/commgym-out'",
+            "not writable",
+            "/proc is the proc pseudo file system",
+        ),
     ),
     "evaluate: missing policy": (
         ["evaluate", "--config", "smoke", "--policy", "missing.zip"],
@@ -64,7 +72,71 @@ CASES = {
         ["train", "--config", "smoke", "--tracking-uri", "http://127.0.0.1:1"],
         ("http://127.0.0.1:1", "unreachable"),
     ),
+    # what click rejects while parsing: the same one line (no usage box), the flag named
+    "out of range: --seeds -1": (["leaderboard", "--seeds", "-1"], ("--seeds", "equal to 1")),
+    "out of range: --world-size 0": (
+        ["train", "--config", "smoke", "--world-size", "0"],
+        ("--world-size", "equal to 1"),
+    ),
+    "not a number": (["replay", "--policy", "static:ddp-default", "--steps", "abc"], ("--steps",)),
+    "unknown option": (["train", "--seedz", "1"], ("--seedz", "--seed")),
+    "unknown command": (["trian"], ("trian", "train")),
+    "missing option": (["evaluate"], ("--policy",)),
+    # values the config checks: the flag that sets them is named
+    "bad value: --time-budget-s": (
+        ["train", "--config", "smoke", "--time-budget-s", "-1"],
+        ("time_budget_s", "--time-budget-s"),
+    ),
+    "bad value: --env": (["train", "--config", "smoke", "--env", "sim"], ("env_kind", "--env")),
+    "fine-tuning an agent that has none": (
+        ["train", "--config", "slow-link", "--agent", "bayesopt", "--fine-tune-episodes", "2"],
+        ("--fine-tune-episodes 0",),
+    ),
+    # unknown names
+    "unknown agent": (["train", "--config", "smoke", "--agent", "ppoo"], ("ppoo", "ppo")),
+    "unknown baseline": (
+        [*_EVALUATE, "--baselines", "nosuch"],
+        ("nosuch", "--baselines"),
+    ),
+    "unknown workload": (
+        ["train", "--config", "smoke", "--workload", "nosuch"],
+        ("nosuch", "mlp-digits", "--workload"),
+    ),
+    "unknown scenario": (["train", "--config", "nosuch"], ("nosuch", "smoke")),
+    "unknown leaderboard scenario": (["leaderboard", "--scenarios", "nosuch"], ("nosuch",)),
+    # static presets off the scenario's action menu
+    "off-menu preset as --agent": (
+        ["train", "--config", "smoke", "--agent", "static:int8/3MB/H1"],
+        ("int8/3MB/H1", "int8/4MB/H1"),
+    ),
+    "off-menu preset in --baselines": (
+        [*_EVALUATE, "--baselines", "static:int8/3MB/H1"],
+        ("int8/3MB/H1", "--baselines"),
+    ),
+    "off-menu preset as evaluate's --policy": (
+        ["evaluate", "--config", "smoke", "--policy", "static:int8/3MB/H1"],
+        ("int8/3MB/H1",),
+    ),
+    "off-menu preset as replay's --policy": (
+        ["replay", "--policy", "static:int8/3MB/H1"],
+        ("int8/3MB/H1",),
+    ),
+    "off-menu preset in a leaderboard scenario": (
+        ["leaderboard", "--scenarios", "slow-link", "--agents", "static:int8/4MB/H1"],
+        ("slow-link", "fp16/25MB/H4"),
+    ),
 }
+
+_NET_OK, _NET_WHY = netem_available()
+_DELAY, _ = delay_available()
+#: A network this host cannot emulate as asked, and the flag the error must name.
+_NETWORK_FIX = "network emulation is unavailable" if not _NET_OK else "--drop-impairments"
+for _cmd in (["train", "--config", "smoke"], ["replay", "--policy", "static:ddp-default"],
+             ["collect"], _EVALUATE):  # fmt: skip
+    if not (_NET_OK and _DELAY):  # with sch_netem the command is valid
+        CASES[f"network without kernel support: {_cmd[0]}"] = (
+            [*_cmd, "--network", "5gbit:10ms"], (_NETWORK_FIX,)
+        )  # fmt: skip
 
 
 def _invoke(args: list[str], cwd, monkeypatch):
