@@ -186,13 +186,20 @@ def _check_policy_file(policy: str) -> None:
 
 
 def _check_policy(policy: str, cfg: Any) -> None:
-    """Fail unless ``policy`` is a policy zip or a static preset on ``cfg``'s menu."""
-    if not policy.startswith("static:"):
-        _check_policy_file(policy)
-        return
+    """Fail unless ``policy`` is a policy zip or a static preset on ``cfg``'s menu.
+
+    Raises:
+        ValueError, FileNotFoundError: what is wrong with it, ``--policy`` named.
+    """
     from commgym.agents.baselines import resolve_preset
 
-    resolve_preset(cfg.env_config.menu, policy.partition(":")[2])
+    try:
+        if policy.startswith("static:"):
+            resolve_preset(cfg.env_config.menu, policy.partition(":")[2])
+        else:
+            _check_policy_file(policy)
+    except (ValueError, FileNotFoundError) as err:
+        raise type(err)(f"{err} (--policy)") from err
 
 
 def _check_outputs(cfg: Any) -> None:
@@ -436,6 +443,8 @@ def replay_cmd(policy: str, steps: int | None = None, *, overrides: dict[str, An
             fail(f"{err}; --policy takes {_REPLAY_POLICY_FORMS}")
     try:
         cfg = replay_config(overrides, steps=steps)
+        if policy.startswith("static:"):
+            _check_policy(policy, cfg)
         check_network(cfg.env_config.network_plan, cfg.env_config.network_strict)
         replay(policy, cfg)
     except FileNotFoundError as err:

@@ -185,9 +185,10 @@ def _error_line(err: Exception | str) -> None:
 def _flag_hint(text: str) -> str:
     """The running command's config flags that ``text`` names, as `` (--flag, ...)``.
 
-    A flag is named when the message quotes the value given with it (``'nosuch'``) or
-    names its config field (``time_budget_s must be ...``), so an error raised where the
-    command-line flags are unknown (a dataclass check) still says which flag fixes it.
+    A flag is named when the message quotes the value given with it (``'nosuch'``, or
+    one item of a comma-separated list such as ``--agents``) or names its config field
+    (``time_budget_s must be ...``), so an error raised where the command-line flags are
+    unknown (a dataclass check, a scenario file's loader) still says which flag fixes it.
     """
     from typer._click.globals import get_current_context
 
@@ -197,12 +198,21 @@ def _flag_hint(text: str) -> str:
     params = {p.name: p for p in ctx.command.get_params(ctx)}
     given = ctx.meta.get(_OVERRIDES, {})
     flags = []
+
+    def quoted(value: Any) -> bool:
+        items = value.split(",") if isinstance(value, str) else []
+        return any(len(item) >= 3 and f"'{item}'" in text for item in items)
+
+    config_params = set()
     for key in ctx.command._config()[0]:
         param, field = params.get(_param_name(key)), key.rsplit(".", 1)[-1]
-        value = given.get(key)
+        config_params.add(_param_name(key))
         named = "_" in field and re.search(rf"\b{re.escape(field)}\b", text)
-        quoted = isinstance(value, str) and len(value) >= 3 and f"'{value}'" in text
-        if param is not None and (named or quoted) and param.opts[0] not in text:
+        if param is not None and (named or quoted(given.get(key))) and param.opts[0] not in text:
+            flags.append(param.opts[0])
+    for name, param in params.items():  # the command's own options (--config, --agents, ...)
+        own = name not in config_params and getattr(param, "opts", None)
+        if own and quoted(ctx.params.get(name)) and param.opts[0] not in text:
             flags.append(param.opts[0])
     return f" ({', '.join(flags)})" if flags else ""
 

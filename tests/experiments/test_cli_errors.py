@@ -11,7 +11,7 @@ import pytest
 
 from commgym.agents import StaticAgent
 from commgym.agents.base import LayoutEnv
-from commgym.env.net import delay_available, netem_available
+from commgym.env.net import host
 from commgym.env.spaces import ActionMenu
 from tests.experiments.cli_helpers import cli
 
@@ -54,7 +54,7 @@ CASES = {
     ),
     "evaluate: missing policy": (
         ["evaluate", "--config", "smoke", "--policy", "missing.zip"],
-        ("missing.zip", "does not exist"),
+        ("missing.zip", "does not exist", "(--policy)"),
     ),
     "evaluate: garbage policy": (
         ["evaluate", "--config", "smoke", "--policy", "garbage.zip"],
@@ -102,8 +102,11 @@ CASES = {
         ["train", "--config", "smoke", "--workload", "nosuch"],
         ("nosuch", "mlp-digits", "--workload"),
     ),
-    "unknown scenario": (["train", "--config", "nosuch"], ("nosuch", "smoke")),
-    "unknown leaderboard scenario": (["leaderboard", "--scenarios", "nosuch"], ("nosuch",)),
+    "unknown scenario": (["train", "--config", "nosuch"], ("nosuch", "smoke", "(--config)")),
+    "unknown leaderboard scenario": (
+        ["leaderboard", "--scenarios", "slow-link,nosuch"],
+        ("nosuch", "(--scenarios)"),
+    ),
     # static presets off the scenario's action menu
     "off-menu preset as --agent": (
         ["train", "--config", "smoke", "--agent", "static:int8/3MB/H1"],
@@ -115,28 +118,42 @@ CASES = {
     ),
     "off-menu preset as evaluate's --policy": (
         ["evaluate", "--config", "smoke", "--policy", "static:int8/3MB/H1"],
-        ("int8/3MB/H1",),
+        ("int8/3MB/H1", "int8/4MB/H1", "--policy"),
     ),
     "off-menu preset as replay's --policy": (
         ["replay", "--policy", "static:int8/3MB/H1"],
-        ("int8/3MB/H1",),
+        ("int8/3MB/H1", "int8/4MB/H1", "--policy"),
     ),
     "off-menu preset in a leaderboard scenario": (
-        ["leaderboard", "--scenarios", "slow-link", "--agents", "static:int8/4MB/H1"],
-        ("slow-link", "fp16/25MB/H4"),
+        ["leaderboard", "--scenarios", "slow-link", "--agents", "ppo,static:int8/4MB/H1"],
+        ("slow-link", "fp16/25MB/H4", "--agents"),
     ),
 }
 
-_NET_OK, _NET_WHY = netem_available()
-_DELAY, _ = delay_available()
-#: A network this host cannot emulate as asked, and the flag the error must name.
-_NETWORK_FIX = "network emulation is unavailable" if not _NET_OK else "--drop-impairments"
+#: The hosts the network rows fake (``host.probe_host``), so that they run on every host:
+#: the newcomer's (root, tbf rate shaping, no sch_netem) and one without the privileges.
+_NO_NETEM = host.HostFeatures(
+    True, "ok", False, "kernel lacks the netem qdisc (CONFIG_NET_SCH_NETEM)"
+)
+_NO_ROOT = host.HostFeatures(False, "needs root (CAP_NET_ADMIN) for network namespaces")
+#: Case name -> the host it runs on (the real one for every other case).
+HOSTS: dict[str, host.HostFeatures] = {}
 for _cmd in (["train", "--config", "smoke"], ["replay", "--policy", "static:ddp-default"],
              ["collect"], _EVALUATE):  # fmt: skip
-    if not (_NET_OK and _DELAY):  # with sch_netem the command is valid
-        CASES[f"network without kernel support: {_cmd[0]}"] = (
-            [*_cmd, "--network", "5gbit:10ms"], (_NETWORK_FIX,)
-        )  # fmt: skip
+    _name = f"delay without sch_netem: {_cmd[0]}"
+    CASES[_name] = (
+        [*_cmd, "--network", "5gbit:10ms"],
+        ("--network", "5gbit:10ms", "delay/jitter/loss", "--drop-impairments"),
+    )
+    HOSTS[_name] = _NO_NETEM
+    _name = f"network without privileges: {_cmd[0]}"
+    CASES[_name] = ([*_cmd, "--network", "100mbit"], ("--network", "needs root", "loopback"))
+    HOSTS[_name] = _NO_ROOT
+CASES["a scenario's network without privileges"] = (
+    ["leaderboard", "--scenarios", "slow-link"],
+    ("slow-link", "needs root"),
+)
+HOSTS["a scenario's network without privileges"] = _NO_ROOT
 
 
 def _invoke(args: list[str], cwd, monkeypatch):
@@ -155,6 +172,8 @@ def _invoke(args: list[str], cwd, monkeypatch):
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_is_one_line_exit_2_and_creates_nothing(workdir, case, monkeypatch):
     args, needles = CASES[case]
+    if case in HOSTS:
+        monkeypatch.setattr(host, "probe_host", lambda: HOSTS[case])
     before = _tree(workdir)
     proc = _invoke(args, workdir, monkeypatch)
     _assert_one_line_exit_2(proc, *needles)
