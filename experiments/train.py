@@ -33,12 +33,18 @@ from commgym.experiments.session import announce, make_env, parent_params, start
 __all__ = ["learn_agent", "train"]
 
 
-def train(cfg: RunConfig) -> dict[str, list[Episode]]:
+def train(cfg: RunConfig, env: gym.Env | None = None) -> dict[str, list[Episode]]:
     """Train ``cfg.agent``, save the policy, compare it with the baselines on real ranks.
 
     With ``cfg.env_kind == "surrogate"`` the agent learns on ``commgym/Surrogate-v0``
     (fitted first from ``cfg.surrogate_decisions`` real decisions when ``cfg.surrogate``
     is unset) and the sim-to-real gap is logged; evaluation always runs on real ranks.
+
+    Args:
+        cfg: the resolved run configuration.
+        env: a real env of ``cfg.env_config`` whose ranks may already run (the caller
+            keeps and closes it, e.g. to train several agents on the same ranks); default:
+            one made here and closed at the end.
 
     Returns:
         Evaluation results by agent name (the trained agent first).
@@ -62,7 +68,8 @@ def train(cfg: RunConfig) -> dict[str, list[Episode]]:
     out.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(cfg.tracking_uri, experiment=cfg.experiment)
     announce(tracker)
-    env = make_env(cfg)
+    owned = env is None
+    env = make_env(cfg) if env is None else env
     surrogate = None
     try:
         with tracker.start_run(f"train-{cfg.agent}", tags={"commgym.command": "train"}) as parent:
@@ -77,7 +84,8 @@ def train(cfg: RunConfig) -> dict[str, list[Episode]]:
             if surrogate is not None:
                 sim_to_real_gap(cfg, surrogate, agent, results[f"{cfg.agent} (learned)"], parent)
     finally:
-        env.close()
+        if owned:
+            env.close()
         if surrogate is not None:
             surrogate.close()
     console.print(f"figures and CSVs: [bold]{out}/[/bold] (comparison.png, loss-curves.png, ...)")
