@@ -160,7 +160,10 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     ),
     "commgym train --config real": Run(f"--timesteps 8 --episodes 1 {EPISODE}"),
     "commgym train --config real --agent bayesopt --workload cnn-digits --world-size 4 "
-    "--timesteps 500": Run("--config smoke --timesteps 8 --episodes 1 --max-decisions 2"),
+    "--timesteps 500": Run(
+        f"--timesteps 8 --episodes 1 {EPISODE}",
+        expect=("bayesopt (learned)", "cnn-digits, 4 ranks"),
+    ),
     "commgym train --help": Run(expect=("--agent", "--network")),
     "commgym evaluate --policy commgym-out/policy.zip --baselines static:ddp-default,"
     "static:fp16-dense,bayesopt --episodes 5 [--network 100mbit]": Run(
