@@ -19,8 +19,9 @@ and each inline code span in its prose that starts with a program (``commgym ...
 
 ``tests/experiments/test_readme_commands.py`` fails when the README shows a command this
 table lacks (or the table keeps one the README dropped), and runs every :class:`Run` row in
-README order in one working folder, as a newcomer would: ``commgym train`` leaves the
-``commgym-out/policy.zip`` that ``commgym evaluate --policy commgym-out/policy.zip`` reads.
+README order, commands that feed each other in one working folder, as a newcomer would:
+``commgym train`` leaves the ``commgym-out/policy.zip`` that ``commgym evaluate --policy
+commgym-out/policy.zip`` reads.
 Adding a command to the README is adding one line here.
 
 The Python snippets of the README are in :data:`SNIPPETS` (keyed by a line each contains),
@@ -91,6 +92,14 @@ class NotInCI:
 
     reason: str
 
+
+#: Options that say what a command is (scenario, agents, model, network, ...): size flags may
+#: not set one that the command as written sets (a later flag would win and swap it).
+IDENTITY = (
+    "--config", "--scenarios", "--agent", "--agents", "--policy", "--policy-dir", "--baselines",
+    "--workload", "--world-size", "--network", "--model", "--compressors", "--profiles",
+    "--data", "--bench", "--holdout", "--out", "--fit", "--surrogate",
+)  # fmt: skip
 
 #: Size flags of one short real episode (decisions end at the budget or the cap).
 EPISODE = "--time-budget-s 0.5 --max-decisions 3"

@@ -28,6 +28,7 @@ import pytest
 from tests.experiments.cli_helpers import alive, descendants, free_port, start_cli
 from tests.experiments.readme_commands import (
     COMMANDS,
+    IDENTITY,
     REPO,
     SNIPPETS,
     Mention,
@@ -252,6 +253,14 @@ def test_mentions_and_delegated_rows_point_at_runnable_ones():
             assert f"def {name}(" in source and "readme_commands" in source, row.test
         elif isinstance(row, NotInCI):
             assert row.reason.strip(), key
+
+
+def test_size_flags_keep_what_the_command_is():
+    """A row's size flags never swap the scenario, agent, model or network it was written with."""
+    for key, form in ROWS:
+        written = {w for w in argv(form) if w.startswith("--")}
+        added = {w for w in argv("", COMMANDS[key].flags) if w.startswith("--")}
+        assert not written & added & set(IDENTITY), (form, sorted(written & added))
 
 
 def test_every_python_snippet_is_run_or_has_a_twin():
