@@ -132,19 +132,27 @@ def layout_of(env: gym.Env) -> dict[str, Any]:
 
 
 def training_facts(env: gym.Env) -> dict[str, Any] | None:
-    """Model size and decision interval of the job ``env`` runs (None if it runs none).
+    """Model size, decision interval and training-time budget of the job ``env`` runs.
 
-    Stored in policy files so replay can warn when a policy meets another job.
+    Stored in policy files so replay can warn when a policy meets another job. ``None``
+    when ``env`` runs no job (e.g. a :class:`LayoutEnv`).
+
+    Returns:
+        ``{"num_params": int | None, "steps_per_decision": int | None, "time_budget_s":
+        float | None}`` (the budget the observation's ``elapsed_frac`` was measured
+        against, seconds of training), or ``None``.
     """
     base = getattr(env, "unwrapped", env)
     cfg = getattr(base, "config", None)
     steps = getattr(cfg, "steps_per_decision", None) or getattr(base, "steps_per_decision", None)
     n = getattr(base, "_num_params", None) or getattr(base, "num_params", None)
+    budget = getattr(cfg, "time_budget_s", None)
     if not isinstance(steps, int) and not isinstance(n, int):
         return None
     return {
         "num_params": n if isinstance(n, int) else None,
         "steps_per_decision": steps if isinstance(steps, int) else None,
+        "time_budget_s": float(budget) if isinstance(budget, int | float) else None,
     }
 
 

@@ -96,6 +96,7 @@ __all__ = [
     "DecisionRecord",
     "is_policy_file",
     "policy_mismatch",
+    "policy_time_budget",
     "resolve_policy",
 ]
 
@@ -162,17 +163,46 @@ def resolve_policy(
     return make_agent(str(policy), env, seed=seed)
 
 
+def policy_time_budget(policy: str | os.PathLike[str]) -> float | None:
+    """The training-time budget a saved policy was trained with, seconds (None: unknown).
+
+    Reads the policy file's JSON member only (nothing is unpickled): the env's
+    ``time_budget_s`` that ``commgym train`` recorded. Give it to
+    :class:`CommScheduler` as ``time_budget_s`` so the observation's ``elapsed_frac``
+    means what it meant in training. Agent names (``static:...``) have none.
+    """
+    if not is_policy_file(policy):
+        return None
+    budget = (read_policy_json(Path(policy)).get("trained_on") or {}).get("time_budget_s")
+    return float(budget) if isinstance(budget, int | float) else None
+
+
 def policy_mismatch(
-    trained_on: dict[str, Any] | None, *, num_params: int, decision_every: int
+    trained_on: dict[str, Any] | None,
+    *,
+    num_params: int,
+    decision_every: int,
+    time_budget_s: float | None = None,
 ) -> list[str]:
     """What differs between the job a policy was trained on and this one (human text).
 
     A model size off by more than 2x or another decision interval changes the
-    observation (``log10(num_params)``, per-decision sums) the policy acts on.
+    observation (``log10(num_params)``, per-decision sums) the policy acts on; so does a
+    training-time budget off by more than 2x (``elapsed_frac`` = training time / budget
+    then runs that much faster or slower than in training).
     """
     if not trained_on:
         return []
     out = []
+    trained_b = trained_on.get("time_budget_s")
+    if trained_b and time_budget_s is not None and not 0.5 <= time_budget_s / trained_b <= 2.0:
+        out.append(
+            f"training-time budget: policy trained with time_budget_s={trained_b:g} s, job uses "
+            f"time_budget_s={time_budget_s:g} s (elapsed_frac runs "
+            f"{max(trained_b / time_budget_s, time_budget_s / trained_b):.0f}x "
+            f"{'slower' if time_budget_s > trained_b else 'faster'} than in training; give "
+            "the policy's own budget, see policy_time_budget)"
+        )
     trained_n = trained_on.get("num_params")
     if trained_n and not 0.5 <= num_params / trained_n <= 2.0:
         out.append(
@@ -281,10 +311,19 @@ class CommScheduler:
         menu: the action menu (default: the env's default menu); must equal the policy's.
         initial_config: configuration before the first decision (must be on the menu;
             default: the menu's DDP default, as each env episode starts).
-        eval_fn: ``() -> float`` held-out loss in nats, called on every rank at every
-            decision boundary (and once at construction); None: use the training loss.
-        time_budget_s: training-time budget that ``elapsed_frac`` is measured against
-            (the env's ``time_budget_s``); None sets ``elapsed_frac`` to 0 with a warning.
+        eval_fn: ``eval_fn() -> float``, called with no arguments on EVERY rank, once at
+            construction and at every decision boundary after the local-SGD consensus (so
+            on identical parameters); returns this rank's held-out loss in nats (mean
+            cross-entropy per sample, the env's ``eval_loss``). The ranks' values are
+            averaged with equal weight, so a rank may evaluate its own share of the
+            held-out set or all of it. Its time is not training time (``eval_s``). It
+            must issue the same collectives on every rank (a forward that broadcasts
+            buffers is one). None: the training loss stands in (noisier).
+        time_budget_s: the training-time budget the policy was trained with (the env's
+            ``time_budget_s``; :func:`policy_time_budget` reads it from a policy file):
+            the observation's ``elapsed_frac`` is training time / this budget, clipped to
+            1. More than 2x off the policy's own budget warns; None sets ``elapsed_frac``
+            to 0 with a warning.
         run: optional ``RunLogger`` (``commgym.experiments.tracking``); rank 0 logs the
             parameters, per-decision metrics (with ``step=decision``) including the
             chosen menu indices, and ``replay_decisions.json`` at :meth:`close`.
@@ -382,6 +421,7 @@ class CommScheduler:
                     getattr(self.policy, "trained_on", None),
                     num_params=num_params,
                     decision_every=decision_every,
+                    time_budget_s=self.time_budget_s,
                 )
                 try:  # known on every rank, so state_dict() refuses on every rank
                     self.policy.get_state()

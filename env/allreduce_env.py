@@ -260,14 +260,20 @@ class AllReduceEnv(gym.Env):
         self._cluster: Cluster | None = None
         self._net: Any = None
         self._net_spec: Any = None
-        if cfg.network_plan.emulated:
-            from commgym.env.net import netem_available
+        if cfg.network_plan.emulated:  # checked before any rank starts
+            from commgym.env.net import emulation_problem
 
-            ok, why = netem_available()
-            if not ok:
+            specs = cfg.network_plan.specs
+            problem = emulation_problem(specs, strict=False)
+            if problem:
                 raise RuntimeError(
-                    f"network={cfg.network!r} needs Linux network namespaces and tc (root or "
-                    f"CAP_NET_ADMIN, iproute2): {why}. Use network=None for unshaped links."
+                    f"network={cfg.network!r}: {problem}. Use network=None for unshaped links"
+                )
+            problem = emulation_problem(specs) if cfg.network_strict else None
+            if problem:
+                raise RuntimeError(
+                    f"network={cfg.network!r}: {problem}; give rate-only specs, or "
+                    "network_strict=False to drop delay/jitter/loss with a warning"
                 )
         self._last_obs: np.ndarray | None = None
         self._schedule: Any = None  # this episode's network schedule (shifted per seed)

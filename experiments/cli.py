@@ -54,6 +54,7 @@ from commgym.experiments.bench.commands import bench_app
 from commgym.experiments.cli_options import (
     CONFIG_HELP,
     ENV_OPTIONS,
+    OneLineErrorGroup,
     RegistryHelpCommand,
     comma_list,
     config_command,
@@ -66,6 +67,7 @@ __all__ = ["COLLECT_OPTIONS", "EVALUATE_OPTIONS", "REPLAY_OPTIONS", "RegistryHel
 
 
 app = typer.Typer(
+    cls=OneLineErrorGroup,
     name="commgym",
     help="Learned communication scheduling for data-parallel training.",
     no_args_is_help=True,
@@ -111,9 +113,41 @@ def _check_writable_dir(path: str | os.PathLike[str], what: str) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".commgym-probe-", dir=probe))
     except OSError as err:
+        mount, kind = _mount_of(probe)
+        if kind in _PSEUDO_FILE_SYSTEMS:  # their errno (ENOENT for /proc) misleads
+            raise ValueError(
+                f"{what} {str(path)!r} is not writable: {mount} is the {kind} pseudo file "
+                "system, where no folder can be created; choose a folder on a disk"
+            ) from None
         raise ValueError(
             f"{what} {str(path)!r} is not writable ({probe}: {err.strerror or err})"
         ) from None
+
+
+#: File systems of kernel interfaces: they hold no user folders, whatever the mode bits say.
+_PSEUDO_FILE_SYSTEMS = frozenset(
+    {"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs",
+     "pstore", "bpf", "efivarfs", "fusectl", "binfmt_misc", "devpts", "mqueue"}
+)  # fmt: skip
+
+
+def _mount_of(path: Path) -> tuple[str, str | None]:
+    """``(mount point, file system type)`` holding ``path`` (from /proc/self/mounts)."""
+    real = os.path.realpath(path)
+    best, kind = "/", None
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return best, kind
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return best, kind
 
 
 def _check_tracking(uri: str | None) -> None:
@@ -151,8 +185,28 @@ def _check_policy_file(policy: str) -> None:
     read_policy_json(policy)
 
 
+def _check_policy(policy: str, cfg: Any) -> None:
+    """Fail unless ``policy`` is a policy zip or a static preset on ``cfg``'s menu.
+
+    Raises:
+        ValueError, FileNotFoundError: what is wrong with it, ``--policy`` named.
+    """
+    from commgym.agents.baselines import resolve_preset
+
+    try:
+        if policy.startswith("static:"):
+            resolve_preset(cfg.env_config.menu, policy.partition(":")[2])
+        else:
+            _check_policy_file(policy)
+    except (ValueError, FileNotFoundError) as err:
+        raise type(err)(f"{err} (--policy)") from err
+
+
 def _check_outputs(cfg: Any) -> None:
-    """Validate where a train/evaluate run will write, before it writes anything."""
+    """Validate the network and where a train/evaluate run will write, before it writes."""
+    from commgym.experiments.session import check_network
+
+    check_network(cfg.env_config.network_plan, cfg.env_config.network_strict)
     _check_writable_dir(cfg.output_dir, "--output-dir")
     _check_tracking(cfg.tracking_uri)
 
@@ -196,7 +250,7 @@ def evaluate_cmd(policy: str, config: str | None = None, *, overrides: dict[str,
 
     try:
         cfg = load_run_config(config or "default", overrides)
-        _check_policy_file(policy)
+        _check_policy(policy, cfg)
         _check_outputs(cfg)
     except (ValueError, FileNotFoundError) as err:
         fail(err)
@@ -247,6 +301,54 @@ UI_OPTIONS = {
     ),
 }
 
+#: The UI's model-training view. MLflow 3's UI takes the view (GenAI or machine
+#: learning) from this URL parameter, else from the browser's last choice (GenAI on a
+#: first visit); it does not read the experiment's ``mlflow.experimentKind`` tag.
+UI_VIEW = "workflowType=machine_learning"
+
+
+def _ui_log_path(uri: str, port: int) -> Path:
+    """Where the server's log lines go: beside a SQLite store, else in the temp folder."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///") :].split("?", 1)[0]).parent / "mlflow-ui.log"
+    return Path(tempfile.gettempdir()) / f"commgym-mlflow-ui-{port}.log"
+
+
+def _api(base: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One MLflow REST call (POST with ``body``, else GET), its JSON answer."""
+    import json
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        f"{base}/api/2.0/mlflow/{path}", data=data, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+def ui_landing(base: str) -> tuple[str, str | None]:
+    """The URL that opens the runs of the experiment with the latest run, and its name.
+
+    Asks the running server (its REST API); without any run, the experiments list. Both
+    open in the model-training view (:data:`UI_VIEW`).
+
+    Returns:
+        ``(url, experiment name or None)``.
+    """
+    experiments = _api(base, "experiments/search?max_results=1000").get("experiments", [])
+    by_id = {e["experiment_id"]: e["name"] for e in experiments}
+    runs = _api(
+        base,
+        "runs/search",
+        {"experiment_ids": list(by_id), "order_by": ["attributes.start_time DESC"],
+         "max_results": 1},
+    ).get("runs", []) if by_id else []  # fmt: skip
+    if not runs:
+        return f"{base}/#/?{UI_VIEW}", None
+    exp_id = runs[0]["info"]["experiment_id"]
+    return f"{base}/#/experiments/{exp_id}/runs?{UI_VIEW}", by_id.get(exp_id)
+
 
 @app.command("ui")
 @own_options(UI_OPTIONS)
@@ -254,8 +356,9 @@ def ui_cmd(tracking_uri: str | None = None, port: int = 5000, workers: int = 1) 
     """Start the MLflow UI on 127.0.0.1 against the store the other commands use.
 
     Says when the server answers (its start takes from seconds to minutes on a busy
-    machine), keeps request logging off the terminal, and stops the whole server on
-    Ctrl-C, SIGTERM or SIGHUP.
+    machine) and prints the URL of the latest experiment's runs in the model-training
+    view; the server's own log lines go to a file (``mlflow-ui.log`` beside a SQLite
+    store), not the terminal. Ctrl-C, SIGTERM or SIGHUP stop the whole server.
     """
     import subprocess
     import time
@@ -267,26 +370,44 @@ def ui_cmd(tracking_uri: str | None = None, port: int = 5000, workers: int = 1) 
     uri = tracking_uri or default_tracking_uri()
     if not _port_free(port):
         fail(f"port {port} on 127.0.0.1 is in use (another MLflow UI?); choose one with --port")
+    log_path = _ui_log_path(uri, port)
+    try:
+        _check_writable_dir(log_path.parent, "folder of the UI's log")
+    except ValueError as err:
+        fail(err)
     cmd = [
         sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
         "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
         "--uvicorn-opts", "--no-access-log",
     ]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    # own process group: stopping it reaches uvicorn's workers, not only the launcher
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    with log_path.open("ab") as log:
+        # own process group: stopping it reaches uvicorn's workers, not only the launcher
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
     try:
         with phase(f"starting the MLflow UI for {uri}"):
             while proc.poll() is None:
                 try:
-                    with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    with urllib.request.urlopen(base + "/health", timeout=2) as resp:
                         if resp.status == 200:
                             break
                 except OSError:
                     time.sleep(0.5)
         if proc.poll() is not None:
-            fail(f"the MLflow UI exited with status {proc.returncode} before answering")
-        console.print(f"MLflow UI ready: [bold]{url}[/bold]  (Ctrl-C to stop)")
+            fail(
+                f"the MLflow UI exited with status {proc.returncode} before answering; "
+                f"its log: {log_path}"
+            )
+        try:
+            url, experiment = ui_landing(base)
+        except (OSError, ValueError, KeyError):  # an old server: its home page still works
+            url, experiment = f"{base}/#/?{UI_VIEW}", None
+        what = f"runs of experiment {experiment!r}" if experiment else "no runs yet"
+        console.print(f"MLflow UI ready: [bold]{url}[/bold]  ({what}; Ctrl-C to stop)")
+        console.print(f"server log: {log_path}")
         rc = proc.wait()
     finally:
         _stop_group(proc)
@@ -313,6 +434,7 @@ def replay_cmd(policy: str, steps: int | None = None, *, overrides: dict[str, An
     """
     from commgym.collectives import CommgymError
     from commgym.experiments.replay import replay, replay_config
+    from commgym.experiments.session import check_network
 
     if not policy.startswith("static:"):
         try:
@@ -320,7 +442,11 @@ def replay_cmd(policy: str, steps: int | None = None, *, overrides: dict[str, An
         except (ValueError, FileNotFoundError) as err:
             fail(f"{err}; --policy takes {_REPLAY_POLICY_FORMS}")
     try:
-        replay(policy, replay_config(overrides, steps=steps))
+        cfg = replay_config(overrides, steps=steps)
+        if policy.startswith("static:"):
+            _check_policy(policy, cfg)
+        check_network(cfg.env_config.network_plan, cfg.env_config.network_strict)
+        replay(policy, cfg)
     except FileNotFoundError as err:
         fail(f"{err}; --policy takes {_REPLAY_POLICY_FORMS}")
     except (ValueError, RuntimeError, CommgymError) as err:
@@ -360,10 +486,12 @@ def collect_cmd(
     """
     from commgym.experiments.collect import collect, fit_surrogate
     from commgym.experiments.config import load_run_config
+    from commgym.experiments.session import check_network
 
     seed = overrides.get("seed", 0)
     try:
         cfg = load_run_config(config or "default", {**overrides, "env.seed": seed})
+        check_network(cfg.env_config.network_plan, cfg.env_config.network_strict)
         res = collect(
             cfg.env_config, decisions=decisions, policy=policy, seed=seed, out=out,
             bench=bench, tracking_uri=cfg.tracking_uri,
@@ -436,7 +564,11 @@ LEADERBOARD_OWN_OPTIONS = {
         "Folder with <scenario>/<agent>/policy.zip policies to load instead of "
         "training: the --output-dir of an earlier leaderboard."
     ),
-    "output_dir": CliField("Folder for tables, figures, episodes."),
+    "output_dir": CliField(
+        "Folder for the tables, figures and each scenario's episodes "
+        "(default: commgym-out/leaderboard in the current folder).",
+        show_default=False,
+    ),
 }
 
 

@@ -31,18 +31,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
+import sys
 import typing
 from collections.abc import Callable
 from types import UnionType
 from typing import Any, NoReturn
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 __all__ = [
     "CONFIG_HELP",
     "ENV_OPTIONS",
     "ConfigCommand",
+    "OneLineErrorGroup",
     "RegistryHelpCommand",
     "config_command",
     "comma_list",
@@ -173,11 +176,97 @@ def comma_list(text: str, cast: Callable[[str], Any] = str) -> list[Any]:
     return [cast(item.strip()) for item in text.split(",") if item.strip()]
 
 
-def fail(err: Exception | str) -> NoReturn:
-    """One ``error:`` line on stderr, exit status 2 (every command's bad-input path)."""
-    text = " ".join(str(err).split())  # one line, whatever the exception's text holds
+def _error_line(err: Exception | str) -> None:
+    """Print ``err`` as one ``error:`` line on stderr, whatever its text holds."""
+    text = " ".join(str(err).split())
     typer.secho(f"error: {text}", fg=typer.colors.RED, err=True)
+
+
+def _flag_hint(text: str) -> str:
+    """The running command's config flags that ``text`` names, as `` (--flag, ...)``.
+
+    A flag is named when the message quotes the value given with it (``'nosuch'``, or
+    one item of a comma-separated list such as ``--agents``) or names its config field
+    (``time_budget_s must be ...``), so an error raised where the command-line flags are
+    unknown (a dataclass check, a scenario file's loader) still says which flag fixes it.
+    """
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None or not isinstance(ctx.command, ConfigCommand):
+        return ""
+    params = {p.name: p for p in ctx.command.get_params(ctx)}
+    given = ctx.meta.get(_OVERRIDES, {})
+    flags = []
+
+    def quoted(value: Any) -> bool:
+        items = value.split(",") if isinstance(value, str) else []
+        return any(len(item) >= 3 and f"'{item}'" in text for item in items)
+
+    config_params = set()
+    for key in ctx.command._config()[0]:
+        param, field = params.get(_param_name(key)), key.rsplit(".", 1)[-1]
+        config_params.add(_param_name(key))
+        named = "_" in field and re.search(rf"\b{re.escape(field)}\b", text)
+        if param is not None and (named or quoted(given.get(key))) and param.opts[0] not in text:
+            flags.append(param.opts[0])
+    for name, param in params.items():  # the command's own options (--config, --agents, ...)
+        own = name not in config_params and getattr(param, "opts", None)
+        if own and quoted(ctx.params.get(name)) and param.opts[0] not in text:
+            flags.append(param.opts[0])
+    return f" ({', '.join(flags)})" if flags else ""
+
+
+def fail(err: Exception | str) -> NoReturn:
+    """One ``error:`` line on stderr, exit status 2 (every command's bad-input path).
+
+    The line names the command's flags that set what the message is about (see
+    :func:`_flag_hint`).
+    """
+    text = " ".join(str(err).split())
+    _error_line(text + _flag_hint(text))
     raise typer.Exit(2)
+
+
+class OneLineErrorGroup(TyperGroup):
+    """The ``commgym`` group: what click rejects while parsing is one ``error:`` line too.
+
+    Click (typer) reports a bad option value, an out-of-range number, a missing or
+    unknown option or command as a usage box of several lines; here it becomes the line
+    :func:`fail` writes (the flag named, as click names it, and where ``--help`` lists
+    the options), with click's exit status (2). Commands run as in standalone mode; the
+    help of a bare group is shown as before.
+    """
+
+    def main(  # noqa: D102 - click's entry point, see the class docstring
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        from typer._click.exceptions import ClickException, NoArgsIsHelpError
+
+        try:
+            # non-standalone: click hands back Exit codes and raises its usage errors
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except NoArgsIsHelpError as err:
+            err.show()
+            code = err.exit_code
+        except ClickException as err:
+            ctx = getattr(err, "ctx", None)
+            where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            _error_line(err.format_message().rstrip(".") + where)
+            code = err.exit_code
+        else:
+            # an Exit comes back as its code; a command that returns ends with 0
+            code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
+            if not standalone_mode:
+                return rv
+        if standalone_mode:
+            sys.exit(code)
+        raise typer.Exit(code)
 
 
 def own_options(table: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -15,6 +15,8 @@ __all__ = [
     "CONFIG_DIR",
     "CliField",
     "RunConfig",
+    "can_fine_tune",
+    "keyed_agent_kwargs",
     "load_run_config",
     "shipped_configs",
 ]
@@ -29,7 +31,10 @@ class RunConfig:
 
     Attributes:
         agent: agent name in ``AGENTS`` (``ppo``, ``bayesopt``, ``static:ddp-default``...).
-        agent_kwargs: agent hyperparameters.
+        agent_kwargs: hyperparameters per agent name (``{"ppo": {"n_steps": 256}}``); the
+            learned agent gets its own entry only (:attr:`agent_hyperparams`), so a
+            scenario's PPO settings never reach ``--agent bayesopt``. The flat form
+            (``{"n_steps": 256}``) is read as the settings of the config's own ``agent``.
         timesteps: decisions used to train the agent.
         seed: seed of the agent and of the training episodes.
         env: ``EnvConfig`` fields (``workload``, ``world_size``, ``steps_per_decision``,
@@ -58,11 +63,12 @@ class RunConfig:
             agents of ``baselines`` or of a leaderboard's agents.
         fine_tune_episodes: after learning on the surrogate, episodes of fine-tuning on
             real ranks (SB3 agents; the sim-to-real recipe, 0 to 10; 0: none). Their
-            real decisions count in the agent's training cost.
+            real decisions count in the agent's training cost. A scenario file's value
+            applies to agents that can fine-tune only (:func:`load_run_config`).
     """
 
     agent: str = "ppo"
-    agent_kwargs: dict[str, Any] = field(default_factory=dict)
+    agent_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
     timesteps: int = 256
     seed: int = 0
     env: dict[str, Any] = field(default_factory=dict)
@@ -113,16 +119,33 @@ class RunConfig:
         if isinstance(self.baselines, str):
             self.baselines = [b.strip() for b in self.baselines.split(",") if b.strip()]
         from commgym.agents import AGENTS
+        from commgym.agents.baselines import resolve_preset
         from commgym.env import EnvConfig
 
+        self.agent_kwargs = keyed_agent_kwargs(self.agent_kwargs, self.agent)
         # resolved and validated once, here; the env is built from this very object
         self.env_config = EnvConfig(**self.env)
-        for name in [self.agent, *self.baselines, *self.baseline_kwargs]:
-            base = name.split(":", 1)[0]
+        for name in [self.agent, *self.baselines, *self.baseline_kwargs, *self.agent_kwargs]:
+            base, _, preset = name.partition(":")
             if base != "static" and base not in AGENTS:
                 close = difflib.get_close_matches(base, sorted(AGENTS), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ValueError(f"unknown agent {name!r}; known: {sorted(AGENTS)}.{hint}")
+            if base == "static" and preset:  # on this scenario's menu, before any rank starts
+                try:
+                    resolve_preset(self.env_config.menu, preset)
+                except ValueError as err:
+                    raise ValueError(f"agent {name!r}: {err}") from None
+        if ft and not can_fine_tune(self.agent):
+            raise ValueError(
+                f"fine_tune_episodes={ft} refines the policy of an SB3 agent (ppo, a2c, dqn); "
+                f"{self.agent!r} has no fine-tuning (--fine-tune-episodes 0)"
+            )
+
+    @property
+    def agent_hyperparams(self) -> dict[str, Any]:
+        """The learned agent's own hyperparameters: ``agent_kwargs[agent]`` (or none)."""
+        return dict(self.agent_kwargs.get(self.agent, {}))
 
     @property
     def resolved_tuning_decisions(self) -> int:
@@ -147,6 +170,32 @@ class RunConfig:
             d["tuning_decisions"] = self.resolved_tuning_decisions
             d["env"] = self.env_config.to_dict()
         return d
+
+
+def keyed_agent_kwargs(kwargs: Any, agent: str) -> dict[str, dict[str, Any]]:
+    """``agent_kwargs`` keyed by agent name; the flat form is ``agent``'s.
+
+    A mapping whose keys are all agent names (``ppo``, ``static:int8/4MB/H1``, ...) with
+    mappings as values is already keyed; any other mapping (``{"n_steps": 256}``) holds
+    the hyperparameters of ``agent``.
+
+    Raises:
+        ValueError: ``kwargs`` is not a mapping.
+    """
+    from commgym.agents import AGENTS
+
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"agent_kwargs must map agent names to hyperparameters, got {kwargs!r}")
+    keyed = all(isinstance(v, dict) and k.partition(":")[0] in AGENTS for k, v in kwargs.items())
+    return {k: dict(v) for k, v in kwargs.items()} if keyed else {agent: dict(kwargs)}
+
+
+def can_fine_tune(agent: str) -> bool:
+    """Whether ``agent`` has a real-rank fine-tuning phase (SB3 agents)."""
+    from commgym.agents import AGENTS
+
+    cls = AGENTS.get(agent.partition(":")[0])
+    return cls is not None and hasattr(cls, "fine_tune")
 
 
 @dataclass(frozen=True)
@@ -289,6 +338,10 @@ def load_run_config(
     _check_keys(data.get("env") or {}, env_fields, f"config env ({path})")
     data.setdefault("env", {})
     data["env"] = dict(data["env"] or {})
+    # a scenario's agent settings are its own agent's: keyed before --agent replaces it
+    own_agent = data.get("agent", RunConfig.agent)
+    if "agent_kwargs" in data:
+        data["agent_kwargs"] = keyed_agent_kwargs(data["agent_kwargs"] or {}, own_agent)
     for key, value in (overrides or {}).items():
         if value is None:
             continue
@@ -299,4 +352,8 @@ def load_run_config(
         else:
             _check_keys({key: value}, run_fields, "override")
             data[key] = value
+    given = {k for k, v in (overrides or {}).items() if v is not None}
+    if "fine_tune_episodes" not in given and not can_fine_tune(str(data.get("agent", "ppo"))):
+        # the scenario fine-tunes its SB3 agent; another agent has nothing to fine-tune
+        data.pop("fine_tune_episodes", None)
     return RunConfig(**data)

@@ -29,8 +29,10 @@ from commgym.experiments.progress import console, phase
 from commgym.experiments.session import announce, make_env, parent_params, slug, start_ranks
 
 __all__ = [
+    "EpisodeCounter",
     "TrainingClock",
     "TrainingCost",
+    "build_agent",
     "compare",
     "compare_with_baselines",
     "evaluate",
@@ -38,6 +40,7 @@ __all__ = [
     "prepare_baseline",
     "print_table",
     "return_label",
+    "search_oracle",
     "sim_to_real_gap",
 ]
 
@@ -81,6 +84,21 @@ class TrainingClock:
         t = float(step["info"].get("train_time_s", self.done_s))
         self.advance(max(t - self.done_s, 0.0))
         self.done_s = max(t, self.done_s)
+
+
+class EpisodeCounter:
+    """A learn or rollout callback that advances a progress bar by one per finished episode.
+
+    Args:
+        advance: the bar's advance function (:func:`~commgym.experiments.progress.phase`).
+    """
+
+    def __init__(self, advance: Callable[[float], None]) -> None:
+        self.advance = advance
+
+    def __call__(self, step: dict[str, Any]) -> None:  # noqa: D102 - a LearnCallback
+        if step["terminated"] or step["truncated"]:
+            self.advance(1)
 
 
 def mean_pm(values: list[float], fmt: str) -> str:
@@ -249,6 +267,47 @@ def compare(
     return results, figures
 
 
+def build_agent(name: str, env: gym.Env, cfg: RunConfig, hyperparams: dict[str, Any]) -> Any:
+    """``make_agent`` with the run's seed; an oracle also gets the evaluation seeds it searches.
+
+    Args:
+        name: agent name (``AGENTS`` key or ``static:<preset>``).
+        env: the env it acts (and learns) in.
+        cfg: the run configuration (``seed``, ``eval_seed``, ``episodes``).
+        hyperparams: its own hyperparameters (``agent_kwargs`` or ``baseline_kwargs`` entry).
+    """
+    from commgym.agents import AGENTS, make_agent
+
+    kwargs: dict[str, Any] = {"seed": cfg.seed, **hyperparams}
+    cls = AGENTS.get(name.split(":", 1)[0])
+    if cls is not None and cls.oracle:
+        kwargs.setdefault("seeds", [cfg.eval_seed + i for i in range(cfg.episodes)])
+    return make_agent(name, env, **kwargs)
+
+
+def search_oracle(name: str, agent: Any, cost: TrainingCost, *, real: bool = True) -> None:
+    """Run an oracle's exhaustive search under a progress bar; count it in ``cost``.
+
+    Args:
+        name: the oracle's name (``oracle-static``).
+        agent: the oracle (``agent.oracle``), built by :func:`build_agent`.
+        cost: receives ``search_s`` and the search's decisions (real ones if ``real``).
+        real: the search ran on real ranks (not the surrogate).
+    """
+    t0 = time.perf_counter()
+    episodes = len(agent.entries) * len(agent.seeds)
+    with phase(
+        f"{name}: every menu entry on the evaluation seeds", episodes, unit="episodes"
+    ) as adv:
+        agent.learn(callback=EpisodeCounter(adv))
+    seconds = time.perf_counter() - t0
+    cost.add("search_s", seconds, int(agent.search_decisions) if real else 0)
+    console.print(
+        f"{name} searched {len(agent.ranking)} entries in {seconds:.1f} s "
+        f"({agent.search_decisions} decisions; search cost, reported apart)"
+    )
+
+
 def prepare_baseline(name: str, env: gym.Env, cfg: RunConfig) -> tuple[Any, TrainingCost]:
     """Build a baseline agent; tuners (bayesopt, grid, bandit, ...) tune first on the env.
 
@@ -261,23 +320,10 @@ def prepare_baseline(name: str, env: gym.Env, cfg: RunConfig) -> tuple[Any, Trai
     Returns:
         ``(agent, cost)``.
     """
-    from commgym.agents import AGENTS, make_agent
-
     cost = TrainingCost()
-    kwargs: dict[str, Any] = {"seed": cfg.seed, **cfg.baseline_kwargs.get(name, {})}
-    cls = AGENTS.get(name.split(":", 1)[0])
-    if cls is not None and cls.oracle:
-        kwargs["seeds"] = [cfg.eval_seed + i for i in range(cfg.episodes)]
-    agent = make_agent(name, env, **kwargs)
+    agent = build_agent(name, env, cfg, cfg.baseline_kwargs.get(name, {}))
     if agent.oracle:
-        t0 = time.perf_counter()
-        with phase(f"{name}: every menu entry on the evaluation seeds"):
-            agent.learn()
-        cost.add("search_s", time.perf_counter() - t0, int(agent.search_decisions))
-        console.print(
-            f"{name} searched {len(agent.ranking)} entries in {cost.wall_s:.1f} s "
-            f"({agent.search_decisions} real decisions; search cost, reported apart)"
-        )
+        search_oracle(name, agent, cost)
     elif not name.startswith("static:") and name != "random" and not agent.online:
         n = cfg.resolved_tuning_decisions
         t0 = time.perf_counter()
@@ -359,30 +405,42 @@ def sim_to_real_gap(
 def evaluate(cfg: RunConfig, policy: str | Path) -> dict[str, list[Episode]]:
     """``commgym evaluate``: a saved policy against ``cfg.baselines`` over ``cfg.episodes`` seeds.
 
+    Args:
+        cfg: the resolved run configuration.
+        policy: a policy file written by ``commgym train``, or a static preset such as
+            ``static:int8/4MB/H1`` (the names ``--baselines`` takes).
+
     Raises:
         FileNotFoundError: the policy file does not exist.
         ValueError: the file is not a commgym policy, or it was trained for a different
-            action menu / observation layout (checked before anything is created).
+            action menu / observation layout, or the preset is not on the menu (checked
+            before anything is created).
     """
-    from commgym.agents import load_agent
+    from commgym.agents import load_agent, make_agent
     from commgym.agents.base import read_policy_json
+    from commgym.agents.scheduler import is_policy_file
     from commgym.experiments.tracking import Tracker
 
-    read_policy_json(policy)  # missing or garbage files fail before anything is created
+    is_file = is_policy_file(policy)
+    if is_file:
+        read_policy_json(policy)  # missing or garbage files fail before anything is created
     env = make_env(cfg)  # starts no ranks yet
     try:
-        agent = load_agent(policy, env=env)  # layout checked before anything is created
+        # layout (or the preset's menu entry) checked before anything is created
+        if is_file:
+            agent, label = load_agent(policy, env=env), f"policy ({Path(policy).name})"
+        else:  # a static preset, as `--baselines` takes it
+            agent, label = make_agent(str(policy), env, seed=cfg.seed), f"policy ({policy})"
         out = Path(cfg.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         tracker = Tracker(cfg.tracking_uri, experiment=cfg.experiment)
         announce(tracker)
         with tracker.start_run("evaluate", tags={"commgym.command": "evaluate"}) as parent:
             parent.log_params(parent_params(cfg, {"policy": str(policy)}))
-            parent.log_artifact(Path(policy))
+            if is_file:
+                parent.log_artifact(Path(policy))
             start_ranks(cfg, env)
-            results = compare_with_baselines(
-                cfg, env, f"policy ({Path(policy).name})", agent, tracker, parent, out
-            )
+            results = compare_with_baselines(cfg, env, label, agent, tracker, parent, out)
     finally:
         env.close()
     console.print(f"figures and CSVs: [bold]{out}/[/bold] (comparison.png, loss-curves.png, ...)")

@@ -43,7 +43,7 @@ from commgym.experiments.evaluation import (
     sim_to_real_gap,
 )
 from commgym.experiments.progress import console
-from commgym.experiments.session import announce, make_env, slug, start_ranks
+from commgym.experiments.session import announce, check_network, make_env, slug, start_ranks
 from commgym.experiments.train import learn_agent
 
 __all__ = [
@@ -380,26 +380,28 @@ def run_leaderboard(
         raise ValueError("the leaderboard needs at least one scenario and one agent")
     learned = [a for a in agents if _role(a) == "learned"]
     base = {**(overrides or {}), "episodes": seeds, "baselines": []}
-    # every scenario and agent name is validated before any rank starts
-    configs = {
-        scenario_name(s): _scenario_config(
-            s, {**base, "agent": learned[0] if learned else "random"}
-        )
-        for s in scenarios
-    }
+    # the scenario's own config: for its learned agent, else for a baseline (which has
+    # no fine-tuning to give episodes to)
+    ref = (
+        {**base, "agent": learned[0]}
+        if learned
+        else {**{k: v for k, v in base.items() if k != "fine_tune_episodes"}, "agent": "random"}
+    )
+    # every scenario, agent name, static preset and network is checked before any rank starts
+    configs: dict[str, RunConfig] = {}
+    for s in scenarios:
+        name = scenario_name(s)
+        configs[name] = _scenario_config(s, ref)
+        for a in agents:
+            try:
+                load_run_config(s, {**ref, "baselines": [a]})
+            except ValueError as err:
+                raise ValueError(f"scenario {name!r}: {err}") from None
+        env = configs[name].env_config
+        check_network(env.network_plan, env.network_strict, f"scenario {name!r}")
     if len(configs) != len(scenarios):
         raise ValueError(f"scenario names must be distinct, got {list(scenarios)}")
     files = dict(zip(configs, scenarios, strict=True))
-    from commgym.agents.baselines import resolve_preset
-
-    for a in agents:
-        load_run_config(scenarios[0], {**base, "baselines": [a]})
-        if a.startswith("static:"):  # on every scenario's menu, before any rank starts
-            for name, cfg in configs.items():
-                try:
-                    resolve_preset(cfg.env_config.menu, a.split(":", 1)[1])
-                except ValueError as err:
-                    raise ValueError(f"{a} in scenario {name!r}: {err}") from None
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     policies = None if policy_dir is None else Path(policy_dir)

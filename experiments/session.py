@@ -8,6 +8,7 @@ network they run on (:func:`start_ranks`), tell where the runs are logged
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import gymnasium as gym
@@ -15,7 +16,7 @@ import gymnasium as gym
 from commgym.experiments.config import RunConfig
 from commgym.experiments.progress import console, phase
 
-__all__ = ["announce", "make_env", "parent_params", "slug", "start_ranks"]
+__all__ = ["announce", "check_network", "make_env", "parent_params", "slug", "start_ranks"]
 
 
 def make_env(cfg: RunConfig) -> gym.Env:
@@ -23,6 +24,40 @@ def make_env(cfg: RunConfig) -> gym.Env:
     import commgym.env  # noqa: F401 - registers the env
 
     return gym.make("commgym/AllReduce-v0", config=cfg.env_config)
+
+
+def check_network(plan: Any, strict: bool = True, source: str = "--network") -> None:
+    """Fail when the env's network cannot be emulated on this host, before anything exists.
+
+    Every command that runs real ranks calls it before it creates a store, a folder or a
+    run, so a missing privilege or a kernel without ``sch_netem`` is one error naming
+    the flag that fixes it, not a traceback after the ranks were set up.
+
+    Args:
+        plan: the :class:`~commgym.env.net.NetworkPlan` (an env config's ``network_plan``).
+        strict: the env's ``network_strict``: delay/jitter/loss without ``sch_netem`` fail.
+        source: where the network was given (``"--network"``, ``"scenario 'slow-link'"``).
+
+    Raises:
+        ValueError: the host cannot emulate it (the message names the missing privilege
+            or qdisc, and ``--drop-impairments`` where dropping delay/jitter/loss helps).
+    """
+    if not plan.emulated:
+        return
+    from commgym.env.net import emulation_problem
+
+    problem = emulation_problem(plan.specs, strict=False)
+    if problem:
+        raise ValueError(
+            f"{source} ({plan.label()}): {problem}; without a network the ranks run on "
+            "unshaped loopback"
+        )
+    problem = emulation_problem(plan.specs) if strict else None
+    if problem:
+        raise ValueError(
+            f"{source} ({plan.label()}): {problem}; add --drop-impairments to drop "
+            "delay/jitter/loss with a warning and keep the rate shaping"
+        )
 
 
 def start_ranks(cfg: RunConfig, env: gym.Env) -> None:
@@ -65,5 +100,10 @@ def parent_params(cfg: RunConfig, extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def slug(name: str) -> str:
-    """``name`` as a file or metric name part (``static:int8/4MB/H1`` -> ``static_int8_4MB_H1``)."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    """``name`` as a file or metric name part.
+
+    Every run of characters other than letters, digits, ``-``, ``_`` and ``.`` becomes one
+    ``_``, and none is left at either end: ``static:int8/4MB/H1`` -> ``static_int8_4MB_H1``,
+    ``ppo (learned)`` -> ``ppo_learned``.
+    """
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")

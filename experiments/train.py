@@ -19,19 +19,32 @@ import yaml
 
 from commgym.agents.rollout import Episode
 from commgym.experiments.config import RunConfig
-from commgym.experiments.evaluation import TrainingCost, compare_with_baselines, sim_to_real_gap
+from commgym.experiments.evaluation import (
+    EpisodeCounter,
+    TrainingCost,
+    build_agent,
+    compare_with_baselines,
+    search_oracle,
+    sim_to_real_gap,
+)
 from commgym.experiments.progress import console, phase
 from commgym.experiments.session import announce, make_env, parent_params, start_ranks
 
 __all__ = ["learn_agent", "train"]
 
 
-def train(cfg: RunConfig) -> dict[str, list[Episode]]:
+def train(cfg: RunConfig, env: gym.Env | None = None) -> dict[str, list[Episode]]:
     """Train ``cfg.agent``, save the policy, compare it with the baselines on real ranks.
 
     With ``cfg.env_kind == "surrogate"`` the agent learns on ``commgym/Surrogate-v0``
     (fitted first from ``cfg.surrogate_decisions`` real decisions when ``cfg.surrogate``
     is unset) and the sim-to-real gap is logged; evaluation always runs on real ranks.
+
+    Args:
+        cfg: the resolved run configuration.
+        env: a real env of ``cfg.env_config`` whose ranks may already run (the caller
+            keeps and closes it, e.g. to train several agents on the same ranks); default:
+            one made here and closed at the end.
 
     Returns:
         Evaluation results by agent name (the trained agent first).
@@ -55,7 +68,8 @@ def train(cfg: RunConfig) -> dict[str, list[Episode]]:
     out.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(cfg.tracking_uri, experiment=cfg.experiment)
     announce(tracker)
-    env = make_env(cfg)
+    owned = env is None
+    env = make_env(cfg) if env is None else env
     surrogate = None
     try:
         with tracker.start_run(f"train-{cfg.agent}", tags={"commgym.command": "train"}) as parent:
@@ -70,7 +84,8 @@ def train(cfg: RunConfig) -> dict[str, list[Episode]]:
             if surrogate is not None:
                 sim_to_real_gap(cfg, surrogate, agent, results[f"{cfg.agent} (learned)"], parent)
     finally:
-        env.close()
+        if owned:
+            env.close()
         if surrogate is not None:
             surrogate.close()
     console.print(f"figures and CSVs: [bold]{out}/[/bold] (comparison.png, loss-curves.png, ...)")
@@ -100,7 +115,6 @@ def learn_agent(
         ``(agent, cost, surrogate_env)``; ``surrogate_env`` is ``None`` on real ranks (the
         caller closes it).
     """
-    from commgym.agents import make_agent
     from commgym.experiments.tracking import TrackingWrapper
 
     cost = TrainingCost()
@@ -117,34 +131,29 @@ def learn_agent(
     learn_env = TrackingWrapper(
         surrogate if surrogate is not None else env, parent, prefix, log_decisions=False
     )
-    agent = make_agent(cfg.agent, learn_env, seed=cfg.seed, **cfg.agent_kwargs)
+    agent = build_agent(cfg.agent, learn_env, cfg, cfg.agent_hyperparams)
     params = parent_params(cfg, {f"agent.{k}": v for k, v in agent.hyperparams.items()})
     parent.log_params({prefix + k: v for k, v in params.items()})
     t0 = time.perf_counter()
     where = "the surrogate" if surrogate is not None else "real ranks"
-    with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
-        agent.learn(cfg.timesteps, callback=lambda _: adv(1))
-    learn_s = time.perf_counter() - t0
-    cost.add("learn_s", learn_s, 0 if surrogate is not None else cfg.timesteps)
+    if agent.oracle:  # what an oracle learns is its search over the evaluation seeds
+        search_oracle(cfg.agent, agent, cost, real=surrogate is None)
+        learn_s = time.perf_counter() - t0
+    else:
+        with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
+            agent.learn(cfg.timesteps, callback=lambda _: adv(1))
+        learn_s = time.perf_counter() - t0
+        cost.add("learn_s", learn_s, 0 if surrogate is not None else cfg.timesteps)
     learn_env.write_csv(out / "learning-decisions.csv")
     parent.log_artifact(out / "learning-decisions.csv")
     parent.log_metrics({f"{prefix}train/learn_s": learn_s}, step=cfg.timesteps)
     console.print(f"learned in {learn_s:.1f} s on {where}")
-    if surrogate is not None and cfg.fine_tune_episodes:
-        if not hasattr(agent, "fine_tune"):
-            raise ValueError(
-                f"fine_tune_episodes={cfg.fine_tune_episodes} needs an SB3 agent (ppo, a2c, "
-                f"dqn); {cfg.agent!r} has no fine-tuning"
-            )
+    if surrogate is not None and cfg.fine_tune_episodes:  # an SB3 agent (RunConfig checks)
         real_env = TrackingWrapper(env, parent, f"{prefix}fine_tune/", log_decisions=False)
         t0 = time.perf_counter()
         n = cfg.fine_tune_episodes
         with phase(f"fine-tuning {cfg.agent} on real ranks", n, unit="episodes") as adv:
-            decisions = agent.fine_tune(
-                real_env,
-                n,
-                callback=lambda step: adv(1) if step["terminated"] or step["truncated"] else None,
-            )
+            decisions = agent.fine_tune(real_env, n, callback=EpisodeCounter(adv))
         tune_s = time.perf_counter() - t0
         cost.add("fine_tune_s", tune_s, decisions)
         parent.log_metrics({f"{prefix}train/fine_tune_s": tune_s}, step=cfg.timesteps)

@@ -61,7 +61,12 @@ can be emulated.
 """
 
 from commgym.env.net.emulated import EmulatedNetwork
-from commgym.env.net.host import delay_available, netem_available, tbf_burst_bytes
+from commgym.env.net.host import (
+    delay_available,
+    emulation_problem,
+    netem_available,
+    tbf_burst_bytes,
+)
 from commgym.env.net.plan import (
     PROFILES,
     UNSHAPED_LINK_GBPS,
@@ -83,6 +88,7 @@ __all__ = [
     "choose_profile",
     "cleanup_leftovers",
     "delay_available",
+    "emulation_problem",
     "link_rate_gbps",
     "netem_available",
     "tbf_burst_bytes",

@@ -18,6 +18,7 @@ from commgym.env.net.host import (
     STATE_DIR,
     check_privileges,
     check_tools,
+    emulation_problem,
     probe_host,
     run_tool,
     tbf_burst_bytes,
@@ -271,8 +272,8 @@ class EmulatedNetwork:
         why = probe_host().netem_reason
         if self.strict:
             raise RuntimeError(
-                f"network spec {str(spec)!r} asks for delay/jitter/loss but {why}; use a "
-                f"rate-only spec or EmulatedNetwork(..., strict=False) to ignore them"
+                f"{emulation_problem([spec])}; use a rate-only spec or "
+                "EmulatedNetwork(..., strict=False) to ignore them"
             )
         warnings.warn(
             f"ignoring delay/jitter/loss of network spec {str(spec)!r}: {why}",

@@ -9,8 +9,9 @@ import re
 import secrets
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 # --------------------------------------------------------------------------- host checks
 
@@ -200,3 +201,28 @@ def delay_available() -> tuple[bool, str]:
     """
     features = probe_host()
     return features.netem, features.netem_reason
+
+
+def emulation_problem(specs: Iterable[Any], *, strict: bool = True) -> str | None:
+    """Why the links ``specs`` cannot be emulated on this host as asked (``None``: they can).
+
+    Args:
+        specs: the :class:`~commgym.env.net.plan.NetworkSpec` links a network may put in
+            force (a plan's ``specs``).
+        strict: delay, jitter or loss that this kernel cannot emulate (no sch_netem) is a
+            problem; ``False``: they are dropped later with a warning, so only missing
+            privileges, tools or kernel features are.
+
+    Returns:
+        One sentence naming what is missing, or ``None``.
+    """
+    features = probe_host()
+    if not features.ok:
+        return f"network emulation is unavailable here: {features.reason}"
+    asked = [str(s) for s in specs if s.has_impairments]
+    if strict and asked and not features.netem:
+        return (
+            f"network spec {', '.join(asked)} asks for delay/jitter/loss but "
+            f"{features.netem_reason}"
+        )
+    return None

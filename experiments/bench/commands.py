@@ -58,8 +58,14 @@ def bench_sync(
 ) -> None:
     """Torch DDP vs GradientSynchronizer (same model, buckets, gloo ranks) and every compressor."""
     from commgym.collectives import WorkerFailed
+    from commgym.env.net import NetworkPlan
     from commgym.experiments.bench.sync import run_sync_benchmark
+    from commgym.experiments.session import check_network
 
+    try:
+        check_network(NetworkPlan.parse(network), network_strict)
+    except ValueError as exc:
+        fail(exc)
     try:
         run_sync_benchmark(
             world_size=world_size,

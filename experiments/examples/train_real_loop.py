@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch import nn
 
-from commgym.agents.scheduler import CommScheduler, DecisionRecord
+from commgym.agents.scheduler import CommScheduler, DecisionRecord, policy_time_budget
 
 
 class DigitsCNN(nn.Module):
@@ -68,7 +68,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--clip-norm", type=float, default=1.0, help="max gradient L2 norm")
     p.add_argument("--decision-every", type=int, default=10, help="steps per decision")
-    p.add_argument("--time-budget-s", type=float, default=60.0, help="budget for elapsed_frac")
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="budget for elapsed_frac (default: the policy file's training budget, else 60)",
+    )
     p.add_argument("--no-autocast", action="store_true", help="fp32 forward (default bf16)")
     p.add_argument("--checkpoint-dir", default=None, help="per-rank checkpoints (and resume)")
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
@@ -135,7 +140,8 @@ def main() -> None:
         args.policy,
         decision_every=args.decision_every,
         eval_fn=lambda: held_out()[0],
-        time_budget_s=args.time_budget_s,
+        # the budget the policy was trained with: elapsed_frac then means what it meant
+        time_budget_s=args.time_budget_s or policy_time_budget(args.policy) or 60.0,
         callback=show,
         seed=args.seed,
     )

@@ -24,7 +24,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from commgym.agents.scheduler import CommScheduler, DecisionRecord
+from commgym.agents.scheduler import CommScheduler, DecisionRecord, policy_time_budget
 from commgym.env.workloads import get_workload
 
 
@@ -34,7 +34,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--policy", required=True, help="policy zip or agent name")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps")
     p.add_argument("--decision-every", type=int, default=10, help="steps per decision")
-    p.add_argument("--time-budget-s", type=float, default=30.0, help="budget for elapsed_frac")
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="budget for elapsed_frac (default: the policy file's training budget, else 30)",
+    )
     p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
@@ -85,7 +90,8 @@ def main() -> None:
         args.policy,
         decision_every=args.decision_every,
         eval_fn=held_out_loss,
-        time_budget_s=args.time_budget_s,
+        # the budget the policy was trained with: elapsed_frac then means what it meant
+        time_budget_s=args.time_budget_s or policy_time_budget(args.policy) or 30.0,
         run=run,
         callback=show,
         seed=args.seed,

@@ -34,8 +34,9 @@ LOCK_RETRIES = 12
 #: set the variables): fail within seconds instead of MLflow's minutes of back-off.
 HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 
-#: Experiment tags: MLflow 3's UI opens an untagged experiment in its GenAI view (traces,
-#: prompts); ``custom_model_development`` opens the model-training view (runs, charts).
+#: Experiment tags: the experiment's kind, ``custom_model_development`` (model training: runs,
+#: charts) rather than GenAI (traces, prompts). Newer MLflow 3 UIs (3.17 here) ignore it and
+#: take the view from the URL's ``workflowType`` (see ``commgym ui``), older ones read it.
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 _ENV_LOCK = threading.RLock()

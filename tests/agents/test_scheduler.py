@@ -20,7 +20,12 @@ import torch
 
 from commgym.agents import PPOAgent, StaticAgent
 from commgym.agents.base import LayoutEnv
-from commgym.agents.scheduler import EXCHANGED_FIELDS, CommScheduler, resolve_policy
+from commgym.agents.scheduler import (
+    EXCHANGED_FIELDS,
+    CommScheduler,
+    policy_time_budget,
+    resolve_policy,
+)
 from commgym.env.measure import DecisionMeasurement
 from commgym.env.spaces import ActionMenu, ObservationBuilder
 
@@ -216,3 +221,42 @@ def rank_sync_twice(rank, world, period):
 def test_synchronize_twice_names_no_sync(dist2, period):
     for msg in dist2.run(rank_sync_twice, period):
         assert "called twice" in msg and "sched.no_sync()" in msg, msg
+
+
+# -- the training-time budget the policy was trained with ---------------------------------
+def _policy_trained_with_budget(path: Path, budget_s: float) -> Path:
+    """A policy saved from a real env of budget ``budget_s`` (no rank is started)."""
+    import gymnasium as gym
+
+    from commgym.env import EnvConfig
+
+    env = gym.make("commgym/AllReduce-v0", config=EnvConfig(time_budget_s=budget_s))
+    try:
+        return StaticAgent(env, preset="int8/4MB/H1").save(path)
+    finally:
+        env.close()
+
+
+def rank_budget_warnings(rank, world, path, budget_s):
+    import warnings
+
+    model = _model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sched = CommScheduler(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), path, time_budget_s=budget_s
+        )
+    sched.close()
+    return [str(w.message) for w in caught]
+
+
+def test_policy_file_records_its_budget_and_the_scheduler_warns_when_it_differs(dist2, tmp_path):
+    path = str(_policy_trained_with_budget(tmp_path / "p.zip", 2.0))
+    assert policy_time_budget(path) == 2.0
+    assert policy_time_budget("static:int8/4MB/H1") is None  # a preset has no budget
+    warned = dist2.run(rank_budget_warnings, path, 600.0)
+    budget = [m for m in warned[0] if "training-time budget" in m]
+    assert len(budget) == 1 and "time_budget_s=2 s" in budget[0]
+    assert "time_budget_s=600 s" in budget[0]
+    for same in dist2.run(rank_budget_warnings, path, 2.0):
+        assert not [m for m in same if "training-time budget" in m]

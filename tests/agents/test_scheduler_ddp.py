@@ -155,3 +155,18 @@ def test_policy_mismatch_names_both_values():
     assert policy_mismatch({"num_params": 1000, "steps_per_decision": 5}, num_params=1500,
                            decision_every=5) == []  # fmt: skip
     assert policy_mismatch(None, num_params=1, decision_every=1) == []
+
+
+def test_policy_mismatch_names_a_time_budget_off_by_more_than_2x():
+    trained = {"num_params": 1000, "steps_per_decision": 10, "time_budget_s": 2.0}
+    (msg,) = policy_mismatch(trained, num_params=1000, decision_every=10, time_budget_s=600.0)
+    assert "time_budget_s=2 s" in msg and "time_budget_s=600 s" in msg and "300x slower" in msg
+    (msg,) = policy_mismatch(trained, num_params=1000, decision_every=10, time_budget_s=0.5)
+    assert "4x faster" in msg
+    for within in (1.0, 2.0, 4.0, None):  # within 2x, or no budget (warned about apart)
+        assert (
+            policy_mismatch(trained, num_params=1000, decision_every=10, time_budget_s=within) == []
+        )
+    # a policy file of an older version records no budget: nothing to compare
+    old = {"num_params": 1000, "steps_per_decision": 10}
+    assert policy_mismatch(old, num_params=1000, decision_every=10, time_budget_s=600.0) == []

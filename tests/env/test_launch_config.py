@@ -20,6 +20,7 @@ import pytest
 from commgym.collectives import CommConfig, WorkerFailed
 from commgym.env import AllReduceEnv, EnvConfig, LaunchConfig
 from commgym.env.cluster import Cluster
+from tests.experiments.readme_commands import fill, template
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -122,12 +123,20 @@ def test_ranks_started_by_the_user_get_the_config(monkeypatch):
     while cluster._listener is None and time.monotonic() < deadline:
         time.sleep(0.05)
     host, port = cluster.control_address
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
-        "-m", "commgym.env.worker", "--control", f"{host}:{port}",
-    ]  # fmt: skip
-    env = {**os.environ, **POISON, "COMMGYM_AUTHKEY": cluster.authkey_hex}
+    # the README's command line, its placeholders filled (a README edit that breaks it fails)
+    given, words = fill(
+        template("-m commgym.env.worker"),
+        {
+            "<cluster.authkey_hex>": cluster.authkey_hex,
+            "N": "1",
+            "P": "2",
+            "HOST:PORT": f"127.0.0.1:{_free_port()}",
+            "<env host>:<cluster.control_address port>": f"{host}:{port}",
+        },
+    )
+    assert words[0] == "torchrun" and set(given) == {"COMMGYM_AUTHKEY"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", *words[1:]]
+    env = {**os.environ, **POISON, **given}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         starter.join(240)

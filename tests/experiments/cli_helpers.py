@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 
 def cli(args: list[str], cwd, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
@@ -28,3 +32,94 @@ def cli_ok(args: list[str], cwd, timeout_s: float = 600) -> str:
     proc = cli(args, cwd, timeout_s)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc.stdout
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":  # zombies are gone already, only not yet reaped
+                parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` that still run (zombies count as gone)."""
+    running = set()
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    running.add(p)
+        except OSError:
+            pass
+    return running
+
+
+class OutputReader:
+    """Collects a process's merged output in a thread; waits for a pattern."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.text = ""
+        self._proc = proc
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            self.text += line
+
+    def wait_for(self, pattern: str, timeout_s: float) -> re.Match:
+        """The first match of ``pattern`` in the output; kills the process if none comes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            m = re.search(pattern, self.text)
+            if m:
+                return m
+            if self._proc.poll() is not None:
+                self._thread.join(5)
+                break
+            time.sleep(0.2)
+        self._proc.kill()
+        raise AssertionError(f"{pattern!r} never appeared; output:\n{self.text[-4000:]}")
+
+
+def start_cli(
+    args: list[str], cwd, program: list[str] | None = None
+) -> tuple[subprocess.Popen, OutputReader]:
+    """Start ``commgym *args`` in ``cwd`` (stdout and stderr merged), without MLflow settings.
+
+    Args:
+        args: the command's arguments.
+        cwd: working folder.
+        program: what runs ``commgym`` (default: ``python -m commgym.experiments.cli`` of
+            this interpreter).
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    program = program or [sys.executable, "-m", "commgym.experiments.cli"]
+    proc = subprocess.Popen(
+        [*program, *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return proc, OutputReader(proc)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -11,6 +11,7 @@ import pytest
 
 from commgym.agents import StaticAgent
 from commgym.agents.base import LayoutEnv
+from commgym.env.net import host
 from commgym.env.spaces import ActionMenu
 from tests.experiments.cli_helpers import cli
 
@@ -35,6 +36,9 @@ def workdir(tmp_path):
     return tmp_path
 
 
+#: ``commgym evaluate`` of a valid preset on the smoke scenario (rows add the bad part).
+_EVALUATE = ["evaluate", "--config", "smoke", "--policy", "static:ddp-default"]
+
 CASES = {
     "output-dir under a file": (
         ["train", "--config", "smoke", "--output-dir", "a-file/out"],
@@ -42,11 +46,15 @@ CASES = {
     ),
     "output-dir on a pseudo file system": (
         ["train", "--config", "smoke", "--output-dir", "/proc/commgym-out"],
-        ("--output-dir", "not writable"),
+        (
+            "--output-dir '/proc/commgym-out'",
+            "not writable",
+            "/proc is the proc pseudo file system",
+        ),
     ),
     "evaluate: missing policy": (
         ["evaluate", "--config", "smoke", "--policy", "missing.zip"],
-        ("missing.zip", "does not exist"),
+        ("missing.zip", "does not exist", "(--policy)"),
     ),
     "evaluate: garbage policy": (
         ["evaluate", "--config", "smoke", "--policy", "garbage.zip"],
@@ -64,7 +72,88 @@ CASES = {
         ["train", "--config", "smoke", "--tracking-uri", "http://127.0.0.1:1"],
         ("http://127.0.0.1:1", "unreachable"),
     ),
+    # what click rejects while parsing: the same one line (no usage box), the flag named
+    "out of range: --seeds -1": (["leaderboard", "--seeds", "-1"], ("--seeds", "equal to 1")),
+    "out of range: --world-size 0": (
+        ["train", "--config", "smoke", "--world-size", "0"],
+        ("--world-size", "equal to 1"),
+    ),
+    "not a number": (["replay", "--policy", "static:ddp-default", "--steps", "abc"], ("--steps",)),
+    "unknown option": (["train", "--seedz", "1"], ("--seedz", "--seed")),
+    "unknown command": (["trian"], ("trian", "train")),
+    "missing option": (["evaluate"], ("--policy",)),
+    # values the config checks: the flag that sets them is named
+    "bad value: --time-budget-s": (
+        ["train", "--config", "smoke", "--time-budget-s", "-1"],
+        ("time_budget_s", "--time-budget-s"),
+    ),
+    "bad value: --env": (["train", "--config", "smoke", "--env", "sim"], ("env_kind", "--env")),
+    "fine-tuning an agent that has none": (
+        ["train", "--config", "slow-link", "--agent", "bayesopt", "--fine-tune-episodes", "2"],
+        ("--fine-tune-episodes 0",),
+    ),
+    # unknown names
+    "unknown agent": (["train", "--config", "smoke", "--agent", "ppoo"], ("ppoo", "ppo")),
+    "unknown baseline": (
+        [*_EVALUATE, "--baselines", "nosuch"],
+        ("nosuch", "--baselines"),
+    ),
+    "unknown workload": (
+        ["train", "--config", "smoke", "--workload", "nosuch"],
+        ("nosuch", "mlp-digits", "--workload"),
+    ),
+    "unknown scenario": (["train", "--config", "nosuch"], ("nosuch", "smoke", "(--config)")),
+    "unknown leaderboard scenario": (
+        ["leaderboard", "--scenarios", "slow-link,nosuch"],
+        ("nosuch", "(--scenarios)"),
+    ),
+    # static presets off the scenario's action menu
+    "off-menu preset as --agent": (
+        ["train", "--config", "smoke", "--agent", "static:int8/3MB/H1"],
+        ("int8/3MB/H1", "int8/4MB/H1"),
+    ),
+    "off-menu preset in --baselines": (
+        [*_EVALUATE, "--baselines", "static:int8/3MB/H1"],
+        ("int8/3MB/H1", "--baselines"),
+    ),
+    "off-menu preset as evaluate's --policy": (
+        ["evaluate", "--config", "smoke", "--policy", "static:int8/3MB/H1"],
+        ("int8/3MB/H1", "int8/4MB/H1", "--policy"),
+    ),
+    "off-menu preset as replay's --policy": (
+        ["replay", "--policy", "static:int8/3MB/H1"],
+        ("int8/3MB/H1", "int8/4MB/H1", "--policy"),
+    ),
+    "off-menu preset in a leaderboard scenario": (
+        ["leaderboard", "--scenarios", "slow-link", "--agents", "ppo,static:int8/4MB/H1"],
+        ("slow-link", "fp16/25MB/H4", "--agents"),
+    ),
 }
+
+#: The hosts the network rows fake (``host.probe_host``), so that they run on every host:
+#: the newcomer's (root, tbf rate shaping, no sch_netem) and one without the privileges.
+_NO_NETEM = host.HostFeatures(
+    True, "ok", False, "kernel lacks the netem qdisc (CONFIG_NET_SCH_NETEM)"
+)
+_NO_ROOT = host.HostFeatures(False, "needs root (CAP_NET_ADMIN) for network namespaces")
+#: Case name -> the host it runs on (the real one for every other case).
+HOSTS: dict[str, host.HostFeatures] = {}
+for _cmd in (["train", "--config", "smoke"], ["replay", "--policy", "static:ddp-default"],
+             ["collect"], _EVALUATE):  # fmt: skip
+    _name = f"delay without sch_netem: {_cmd[0]}"
+    CASES[_name] = (
+        [*_cmd, "--network", "5gbit:10ms"],
+        ("--network", "5gbit:10ms", "delay/jitter/loss", "--drop-impairments"),
+    )
+    HOSTS[_name] = _NO_NETEM
+    _name = f"network without privileges: {_cmd[0]}"
+    CASES[_name] = ([*_cmd, "--network", "100mbit"], ("--network", "needs root", "loopback"))
+    HOSTS[_name] = _NO_ROOT
+CASES["a scenario's network without privileges"] = (
+    ["leaderboard", "--scenarios", "slow-link"],
+    ("slow-link", "needs root"),
+)
+HOSTS["a scenario's network without privileges"] = _NO_ROOT
 
 
 def _invoke(args: list[str], cwd, monkeypatch):
@@ -83,6 +172,8 @@ def _invoke(args: list[str], cwd, monkeypatch):
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_is_one_line_exit_2_and_creates_nothing(workdir, case, monkeypatch):
     args, needles = CASES[case]
+    if case in HOSTS:
+        monkeypatch.setattr(host, "probe_host", lambda: HOSTS[case])
     before = _tree(workdir)
     proc = _invoke(args, workdir, monkeypatch)
     _assert_one_line_exit_2(proc, *needles)

@@ -58,7 +58,7 @@ def test_train_runs_params_metrics_artifacts(trained):
     assert client.get_metric_history(children[0].info.run_id, "action/compression")
     names = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"policy.zip", "comparison.png", "loss-curves.png", "config.yaml"} <= names, names
-    assert {f"timeline-{a}.png" for a in ("ppo__learned_", "static_ddp-default")} <= names
+    assert {f"timeline-{a}.png" for a in ("ppo_learned", "static_ddp-default")} <= names
     child_names = {a.path for c in children for a in client.list_artifacts(c.info.run_id)}
     assert any(n.endswith(".csv") for n in child_names)
     assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from commgym.experiments.config import CONFIG_DIR, RunConfig, load_run_config
+from commgym.experiments.config import CONFIG_DIR, RunConfig, load_run_config, shipped_configs
 
 
 def test_shipped_scenarios_load():
@@ -57,3 +57,57 @@ def test_missing_file_lists_shipped_scenarios():
 def test_unknown_override_is_refused():
     with pytest.raises(ValueError, match="unknown"):
         load_run_config(None, {"env.sped": 3})
+
+
+# -- a scenario's agent settings are its own agent's ---------------------------------------
+def _names() -> list[str]:
+    """Every name ``--agent`` takes: the registry, static presets and a static menu entry."""
+    from commgym.agents import agent_names
+
+    return [*agent_names(), "static:int8/25MB/H4"]
+
+
+@pytest.mark.parametrize("scenario", shipped_configs())
+def test_every_agent_resolves_in_every_shipped_scenario(scenario):
+    from commgym.agents.base import LayoutEnv
+    from commgym.experiments.config import can_fine_tune
+    from commgym.experiments.evaluation import build_agent
+
+    for name in _names():
+        cfg = load_run_config(scenario, {"agent": name})
+        # only its own hyperparameters, and its constructor takes them
+        assert set(cfg.agent_hyperparams) <= set(cfg.agent_kwargs.get(name, {}))
+        agent = build_agent(name, LayoutEnv(cfg.env_config.menu), cfg, cfg.agent_hyperparams)
+        assert agent.name == name.split(":", 1)[0]
+        # the scenario's fine-tuning is its SB3 agent's: another agent gets none
+        assert cfg.fine_tune_episodes == 0 or can_fine_tune(name), (scenario, name)
+
+
+def test_flat_agent_kwargs_belong_to_the_files_own_agent(tmp_path):
+    p = tmp_path / "old.yaml"
+    p.write_text(yaml.safe_dump({"agent": "ppo", "agent_kwargs": {"n_steps": 64}}))
+    assert load_run_config(p).agent_hyperparams == {"n_steps": 64}
+    assert load_run_config(p).agent_kwargs == {"ppo": {"n_steps": 64}}
+    assert load_run_config(p, {"agent": "bayesopt"}).agent_hyperparams == {}
+    keyed = {"agent_kwargs": {"ppo": {"n_steps": 64}, "bayesopt": {"budget": 4}}}
+    p.write_text(yaml.safe_dump(keyed))
+    assert load_run_config(p, {"agent": "bayesopt"}).agent_hyperparams == {"budget": 4}
+    assert RunConfig(agent="a2c", agent_kwargs={"n_steps": 4}).agent_kwargs == {
+        "a2c": {"n_steps": 4}
+    }
+
+
+def test_fine_tuning_is_refused_for_an_agent_without_it_when_asked_for():
+    # the scenario's own setting is dropped for bayesopt; asking for it is an error
+    assert load_run_config("slow-link", {"agent": "bayesopt"}).fine_tune_episodes == 0
+    assert load_run_config("slow-link").fine_tune_episodes == 2
+    with pytest.raises(ValueError, match="--fine-tune-episodes 0"):
+        load_run_config("slow-link", {"agent": "bayesopt", "fine_tune_episodes": 2})
+
+
+def test_static_presets_are_checked_against_the_scenarios_menu():
+    assert load_run_config("smoke", {"agent": "static:int8/4MB/H1"}).agent == "static:int8/4MB/H1"
+    with pytest.raises(ValueError, match="int8/3MB/H1"):
+        load_run_config("smoke", {"baselines": "static:int8/3MB/H1"})
+    with pytest.raises(ValueError, match="fp16/25MB/H4"):  # the scenario's menu is listed
+        load_run_config("slow-link", {"agent": "static:int8/4MB/H1"})

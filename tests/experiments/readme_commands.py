@@ -1,0 +1,428 @@
+"""The README's commands and how the default suite runs each of them: ONE table.
+
+:func:`readme_commands` reads every command line README.md shows: each line of its
+``bash`` code blocks (``\\`` continuations joined, ``&&`` chains split, comments dropped)
+and each inline code span in its prose that starts with a program (``commgym ...``,
+``torchrun ...``, ``python -m ...``, ``pip ...``, ``VAR=... torchrun ...``).
+:func:`help_commands` reads the ``commgym ...`` spans of every command's ``--help``.
+:data:`COMMANDS` says, for each of them as written, how CI runs it:
+
+* :class:`Run`: the command as written plus size flags appended (a later flag wins, so
+  ``--seeds 5`` becomes ``--seeds 1``): the same command and code path, small. A span's
+  ``a|b|c`` alternatives are run one by one, its ``[...]`` optional parts once without and
+  once with all of them (:func:`expand`).
+* :class:`RunBy`: a command with placeholders (``<cluster.authkey_hex>``) that a named
+  test fills in and runs, reading the template from the README through this module.
+* :class:`Mention`: a command's name in prose (a heading, "the recipe of `commgym
+  train`"), whose runnable form is another key of the table.
+* :class:`NotInCI`: cannot run in the default suite; the reason says why.
+
+``tests/experiments/test_readme_commands.py`` fails when the README shows a command this
+table lacks (or the table keeps one the README dropped), and runs every :class:`Run` row in
+README order, commands that feed each other in one working folder, as a newcomer would:
+``commgym train`` leaves the ``commgym-out/policy.zip`` that ``commgym evaluate --policy
+commgym-out/policy.zip`` reads.
+Adding a command to the README is adding one line here.
+
+The Python snippets of the README are in :data:`SNIPPETS` (keyed by a line each contains),
+run the same way or by their script twin.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run the command as written, ``flags`` appended.
+
+    A form with ``--network`` (or any form of a ``shaped`` command) emulates a network:
+    it needs root, namespaces and tc. Without them a form with ``--network SPEC`` runs
+    without it, on unshaped loopback links (the same command otherwise); a ``shaped``
+    command, whose links are what it is about, is skipped with the reason.
+
+    Attributes:
+        flags: size flags appended to the command (a later flag wins); ``{port}`` is
+            filled with a free port, ``{repo}`` with the checkout's root.
+        shaped: the command emulates a network even without ``--network`` (a shaped
+            scenario, ``bench netem``).
+        server: it serves until stopped (``commgym ui``): the test waits for its ready
+            line, checks what it serves, then stops it with SIGTERM.
+        after: keys whose commands must have run first (their outputs are its inputs).
+        expect: text the command's output must contain.
+    """
+
+    flags: str = ""
+    shaped: bool = False
+    server: bool = False
+    after: tuple[str, ...] = ()
+    expect: tuple[str, ...] = ()
+
+    def needs_network(self, form: str) -> bool:
+        """Whether ``form`` (one of :func:`expand`'s) emulates a network."""
+        return self.shaped or "--network" in form.split()
+
+
+@dataclass(frozen=True)
+class RunBy:
+    """Run by ``test`` (``path::name``), which fills the placeholders of the README's text."""
+
+    test: str
+
+
+@dataclass(frozen=True)
+class Mention:
+    """A command named in prose; ``of`` is the key of its runnable form."""
+
+    of: str
+
+
+@dataclass(frozen=True)
+class NotInCI:
+    """Not run by the default suite, for ``reason``."""
+
+    reason: str
+
+
+#: Options that say what a command is (scenario, agents, model, network, ...): size flags may
+#: not set one that the command as written sets (a later flag would win and swap it).
+IDENTITY = (
+    "--config", "--scenarios", "--agent", "--agents", "--policy", "--policy-dir", "--baselines",
+    "--workload", "--world-size", "--network", "--model", "--compressors", "--profiles",
+    "--data", "--bench", "--holdout", "--out", "--fit", "--surrogate",
+)  # fmt: skip
+
+#: Size flags of one short real episode (decisions end at the budget or the cap).
+EPISODE = "--time-budget-s 0.5 --max-decisions 3"
+#: Size flags of the surrogate recipe: few recorded decisions, one PPO rollout on it.
+RECIPE = "--surrogate-decisions 16 --timesteps 256"
+#: The smoke scenario of the leaderboard commands, and one seed.
+BOARD = "--scenarios {repo}/tests/experiments/smoke-board.yaml --seeds 1"
+
+#: The surrogate section's recording commands, whose files the later ones read.
+COLLECT = "commgym collect --decisions 400 --fit commgym-out/surrogate.joblib"
+HOLDOUT = "commgym collect --decisions 200 --seed 7 --no-bench --out commgym-out/holdout.csv"
+
+#: Every command the README (or a --help text) shows, as written, and how CI runs it.
+COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
+    "pip install torch==2.13.0 -e .": NotInCI(
+        "installs into the environment running the tests; .ci/run installs the same package "
+        "(with the test extras) before the suite"
+    ),
+    "commgym train": Run(
+        f"{RECIPE} --episodes 1 {EPISODE}",
+        expect=("policy saved to commgym-out/policy.zip", "ppo (learned)", "sim-to-real gap"),
+    ),
+    "commgym ui": Run("--port {port}", server=True, after=("commgym train",)),
+    'pip install torch==2.13.0 -e ".[dev,kernels]"': NotInCI(
+        "installs into the environment running the tests: .ci/run runs it before the suite"
+    ),
+    "python -m pytest": NotInCI("the default suite itself (.ci/run runs exactly this)"),
+    "commgym leaderboard": Run(BOARD, expect=("oracle-static (oracle)", "ppo (learned)")),
+    "commgym leaderboard --scenarios slow-link --agents ppo,autotune,static:ddp-default "
+    "--seeds 5": Run(
+        f"--seeds 1 {RECIPE} --fine-tune-episodes 0 --time-budget-s 0.5 --max-decisions 1",
+        shaped=True,
+        expect=("emulated 500mbit",),
+    ),
+    "commgym leaderboard --agents ppo --seeds 1 --output-dir policies": Run(BOARD),
+    "commgym leaderboard --policy-dir policies --output-dir board": Run(
+        BOARD,
+        after=("commgym leaderboard --agents ppo --seeds 1 --output-dir policies",),
+        expect=("ppo: loaded",),
+    ),
+    COLLECT: Run("--decisions 24"),
+    HOLDOUT: Run("--decisions 12"),
+    "commgym fit-surrogate --data commgym-out/transitions.csv --bench "
+    "commgym-out/transitions.bench.json --holdout commgym-out/holdout.csv --out "
+    "commgym-out/surrogate.joblib": Run(
+        after=(COLLECT, HOLDOUT),
+        expect=("held-out step time: MAPE", "noise floor"),
+    ),
+    "commgym train --config surrogate": Run(
+        f"--timesteps 256 --episodes 1 {EPISODE}",
+        after=(COLLECT,),
+        expect=("sim-to-real gap",),
+    ),
+    "commgym bench surrogate --surrogate commgym-out/surrogate.joblib": Run(
+        "--steps 500",
+        after=(COLLECT,),
+        expect=("env steps/s",),
+    ),
+    "commgym": Mention("commgym train --help"),
+    "commgym replay": Mention(
+        "commgym replay --policy commgym-out/policy.zip --workload mlp-digits --world-size 2 "
+        "[--network 100mbit] [--target-loss 0.2]"
+    ),
+    "commgym evaluate --policy commgym-out/policy.zip --baselines random,static:ddp-default,"
+    "static:none/25MB/H4,static:fp16/25MB/H4,static:topk:0.01/25MB/H4 --episodes 5": Run(
+        "--episodes 1 --time-budget-s 0.5", after=("commgym train",)
+    ),
+    "commgym train --config real": Run(f"--timesteps 8 --episodes 1 {EPISODE}"),
+    "commgym train --config real --agent bayesopt --workload cnn-digits --world-size 4 "
+    "--timesteps 500": Run(
+        f"--timesteps 8 --episodes 1 {EPISODE}",
+        expect=("bayesopt (learned)", "cnn-digits, 4 ranks"),
+    ),
+    "commgym train --help": Run(expect=("--agent", "--network")),
+    "commgym evaluate --policy commgym-out/policy.zip --baselines static:ddp-default,"
+    "static:fp16-dense,bayesopt --episodes 5 [--network 100mbit]": Run(
+        "--episodes 1 --time-budget-s 0.5 --tuning-decisions 2",
+        after=("commgym train",),
+    ),
+    "commgym evaluate --policy commgym-out/policy.zip": Mention(
+        "commgym evaluate --policy commgym-out/policy.zip --baselines static:ddp-default,"
+        "static:fp16-dense,bayesopt --episodes 5 [--network 100mbit]"
+    ),
+    "commgym evaluate --baselines": Mention(
+        "commgym evaluate --policy commgym-out/policy.zip --baselines static:ddp-default,"
+        "static:fp16-dense,bayesopt --episodes 5 [--network 100mbit]"
+    ),
+    "torchrun --nproc-per-node 2 experiments/examples/train_real_loop.py --policy "
+    "commgym-out/policy.zip --checkpoint-dir ckpt": Run(
+        "--steps 20",
+        after=("commgym train",),
+        expect=("parameters identical across 2 ranks: True",),
+    ),
+    "commgym replay --policy commgym-out/policy.zip --workload mlp-digits --world-size 2 "
+    "[--network 100mbit] [--target-loss 0.2]": Run(
+        "--steps 6 --time-budget-s 1", after=("commgym train",)
+    ),
+    "commgym bench sync": Mention(
+        "commgym bench sync --compressors fp16,bf16,int8,randomk:0.01,topk:0.01,powersgd:4"
+    ),
+    "commgym bench sync --compressors fp16,bf16,int8,randomk:0.01,topk:0.01,powersgd:4": Run(
+        "--steps 3 --warmup 0 --rounds 1", expect=("torch DDP",)
+    ),
+    "commgym bench sync --network 1gbit --model wide-mlp --compressors int8,topk:0.01,powersgd:4 "
+    "--steps 10 --warmup 2 --rounds 2": Run("--steps 3 --warmup 0 --rounds 1"),
+    "commgym bench sync --compressors none": Run("--steps 3 --warmup 0 --rounds 1"),
+    "commgym bench env": Mention("commgym bench env --decisions 40"),
+    "commgym bench env --decisions 40": Run("--decisions 4", expect=("overhead",)),
+    "commgym bench netem": Run(
+        "--profiles wan-100m --world-sizes 2 --sizes-mb 1 --repeats 1", shaped=True
+    ),
+    "commgym collect": Mention(COLLECT),
+    "commgym fit-surrogate": Mention(
+        "commgym fit-surrogate --data commgym-out/transitions.csv --bench "
+        "commgym-out/transitions.bench.json --holdout commgym-out/holdout.csv --out "
+        "commgym-out/surrogate.joblib"
+    ),
+    "commgym bench surrogate": Mention(
+        "commgym bench surrogate --surrogate commgym-out/surrogate.joblib"
+    ),
+    "commgym bench collectives": Run("--sizes-kb 4,64 --repeats 1"),
+    "python -m pytest -m expensive tests/env/test_surrogate.py": NotInCI(
+        "the expensive tests: timing targets that need an otherwise idle machine and minutes; "
+        "the default suite deselects them by design"
+    ),
+    "commgym bench surrogate-holdout --data T.csv --bench T.bench.json --config mixed-links "
+    "--holdout-rate 0.5 --holdout-every 4 --holdout-configs 0.2": NotInCI(
+        "needs ~200 real decisions of mixed-links (4 ranks on three shaped link rates, minutes, "
+        "root); the same fit and hold-out report run in tests/env/test_surrogate_network.py "
+        "(synthetic rates; real ones in its expensive test)"
+    ),
+    "commgym bench kernels": Mention("commgym bench kernels --repeats 15"),
+    "commgym bench kernels --repeats 15": Run("--repeats 1 --sizes-mb 1"),
+    "pytest -m gpu": NotInCI("needs an NVIDIA GPU; CI machines have none (the gpu tests skip)"),
+    "torchrun --standalone": Mention("commgym train"),
+    "commgym netem cleanup": Run(expect=("leftover",)),
+    "COMMGYM_AUTHKEY=<cluster.authkey_hex> torchrun --nnodes N --nproc-per-node P --rdzv-backend "
+    "c10d --rdzv-endpoint HOST:PORT -m commgym.env.worker --control <env "
+    "host>:<cluster.control_address port>": RunBy(
+        "tests/env/test_launch_config.py::test_ranks_started_by_the_user_get_the_config"
+    ),
+}
+
+#: The README's Python snippets, by a line each contains: how CI runs it.
+SNIPPETS: dict[str, str] = {
+    "env = gymnasium.make(": "run as written (2 ranks, one decision)",
+    "sched = CommScheduler(": (
+        "twin: experiments/examples/train_real_loop.py (README command above; "
+        "tests/experiments/test_example_real_loop.py)"
+    ),
+    "sync = GradientSynchronizer(": "run on 2 gloo ranks with a model, optimizer and loader",
+    "state, hook = ddp_comm_hook(": "run on 2 gloo ranks with a DDP model",
+}
+
+#: Programs a command line may start with (after ``VAR=value`` assignments).
+PROGRAMS = ("commgym", "torchrun", "python", "pytest", "pip", "mlflow")
+_COMMAND = re.compile(r"^(?:[A-Z][A-Z0-9_]*=\S+\s+)*(?:" + "|".join(PROGRAMS) + r")(?:\s|$)")
+
+
+def _code_spans(markdown: str) -> list[str]:
+    """Inline code spans of ``markdown``'s prose (fenced blocks removed), whitespace folded."""
+    prose = re.sub(r"^```.*?^```[ \t]*$", "", markdown, flags=re.S | re.M)
+    spans = []
+    for paragraph in re.split(r"\n[ \t]*\n", prose):  # a span never crosses a paragraph
+        spans += [" ".join(m.split()) for m in re.findall(r"`([^`]+)`", paragraph)]
+    return spans
+
+
+def _block_commands(markdown: str) -> list[str]:
+    """Command lines of the ``bash``/``sh`` blocks: continuations joined, comments dropped."""
+    out = []
+    for lang, body in re.findall(r"^```(\w*)[ \t]*\n(.*?)^```", markdown, flags=re.S | re.M):
+        if lang not in ("bash", "sh", "shell", "console"):
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            code = re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip()  # comments dropped
+            out += [" ".join(part.split()) for part in code.split("&&") if part.strip()]
+    return out
+
+
+def readme_commands(markdown: str | None = None) -> list[str]:
+    """Every command README.md shows, as written, in order of first appearance."""
+    text = README.read_text() if markdown is None else markdown
+    found = _block_commands(text) + [s for s in _code_spans(text) if _COMMAND.match(s)]
+    return list(dict.fromkeys(found))
+
+
+def help_commands() -> list[str]:
+    """The ``commgym ...`` spans of every ``commgym`` command's ``--help``."""
+    import click
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from commgym.experiments.cli import app
+
+    def paths(cmd: click.Command, prefix: list[str]) -> list[list[str]]:
+        subs = getattr(cmd, "commands", {})
+        return [prefix] + [p for name, sub in subs.items() for p in paths(sub, [*prefix, name])]
+
+    found = []
+    for path in paths(get_command(app), []):
+        res = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "2000", "TERM": "dumb"})
+        found += [s for s in _code_spans(res.output) if _COMMAND.match(s)]
+    return list(dict.fromkeys(found))
+
+
+def python_snippets(markdown: str | None = None) -> list[str]:
+    """The README's ``python`` code blocks."""
+    text = README.read_text() if markdown is None else markdown
+    return re.findall(r"^```python[ \t]*\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def expand(command: str) -> list[str]:
+    """The runnable forms of a command as written.
+
+    A word ``a|b|c`` gives one command per alternative; ``[...]`` optional parts give the
+    command without them and with all of them.
+    """
+    optional = re.findall(r"\[([^\]]+)\]", command)
+    bare = " ".join(re.sub(r"\[[^\]]+\]", " ", command).split())
+    forms = [bare] + ([" ".join(command.replace("[", "").replace("]", "").split())]
+                      if optional else [])  # fmt: skip
+    out = []
+    for form in forms:
+        words = [w.split("|") if "|" in w else [w] for w in form.split()]
+        out += [" ".join(choice) for choice in itertools.product(*words)]
+    return out
+
+
+def argv(command: str, flags: str = "") -> list[str]:
+    """``command`` plus ``flags`` as an argument list (shell quoting as a shell reads it)."""
+    return shlex.split(command) + shlex.split(flags)
+
+
+def template(key_part: str) -> str:
+    """The one README command containing ``key_part`` (tests that fill placeholders read it)."""
+    matches = [c for c in readme_commands() if key_part in c]
+    if len(matches) != 1:
+        raise LookupError(f"{len(matches)} README commands contain {key_part!r}: {matches}")
+    return matches[0]
+
+
+def fill(command: str, values: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """A template command with its placeholders replaced: ``(environment, argv)``.
+
+    Args:
+        command: the README's text (:func:`template`).
+        values: placeholder -> value; a placeholder is replaced where it stands as a whole
+            word or a ``<...>`` part.
+
+    Returns:
+        The ``VAR=value`` assignments before the program, and the argument list (the
+        program as written: callers map ``torchrun`` to their interpreter's).
+
+    Raises:
+        ValueError: a ``<...>`` placeholder is left unfilled.
+    """
+    for name, value in values.items():
+        pattern = re.escape(name) if name.startswith("<") else rf"(?<!\S){re.escape(name)}(?!\S)"
+        command = re.sub(pattern, value, command)
+    if re.search(r"<[^>]*>", command):
+        raise ValueError(f"unfilled placeholder in {command!r}")
+    words = shlex.split(command)
+    env = {}
+    while words and re.fullmatch(r"[A-Z][A-Z0-9_]*=.*", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    return env, words
+
+
+def snippet(key: str) -> str:
+    """The README's python block containing ``key`` (a :data:`SNIPPETS` key)."""
+    (code,) = [c for c in python_snippets() if key in c]
+    return code
+
+
+def run_console_script(words: list[str], cwd: str, env: dict[str, str], log: str) -> None:
+    """``commgym *words`` as the console script runs it, in a fresh (forked) process.
+
+    The target of :func:`console_script_context`'s processes: the working folder, the
+    environment and argv of the command, stdout and stderr (file descriptors 1 and 2,
+    the ranks' output included) into ``log``, then ``commgym.experiments.cli:main`` (the
+    console script's entry point), whose ``SystemExit`` is the process's exit status.
+    """
+    import os
+    import sys
+
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.argv = ["commgym", *words]
+    from commgym.experiments.cli import main
+
+    main()
+
+
+#: What a ``commgym`` process imports before its command runs (preloaded once, see below).
+PRELOAD = (
+    "commgym.experiments.cli",
+    "commgym.experiments.train",
+    "commgym.experiments.leaderboard",
+    "commgym.experiments.replay",
+    "commgym.experiments.collect",
+    "commgym.env.surrogate",
+    "mlflow",
+    "tests.experiments.readme_commands",
+)
+
+
+def console_script_context() -> Any:
+    """A multiprocessing context whose processes fork from one server that imported commgym.
+
+    Every README command gets a process of its own, forked from a pristine interpreter
+    that has imported torch, scikit-learn, stable-baselines3 and MLflow once (Python's
+    ``forkserver``; no thread runs there), instead of paying those imports (about 3.5 s
+    of CPU) per command.
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
