@@ -58,6 +58,12 @@ class EnvConfig:
         threads_per_rank: torch threads per rank.
         workload_modules: modules each rank imports (custom workload registration).
         max_decisions: optional hard cap on decisions per episode (truncation).
+        shards: how the training set is split over ranks: ``"iid"`` or
+            ``"label-skew[:f]"`` (non-IID, see :mod:`commgym.env.workloads.shards`).
+        stragglers: straggler jitter (:mod:`commgym.env.stragglers`): ``None``/``"off"``,
+            a spec (``"40ms"``, ``"40ms:p=0.5"``), a schedule ``[[elapsed_training_s,
+            spec], ...]`` (``{"schedule": [...], "shift_s": s}``) or ``{"profiles":
+            [...]}``, in the same forms as ``network`` (:mod:`commgym.env.schedule`).
 
     Raises:
         ValueError: invalid values (messages name the value and what is valid).
@@ -81,6 +87,8 @@ class EnvConfig:
     threads_per_rank: int = 1
     workload_modules: tuple[str, ...] = ()
     max_decisions: int | None = None
+    shards: str = "iid"
+    stragglers: str | list[Any] | dict[str, Any] | None = None
     menu: ActionMenu = field(init=False, repr=False)
     _network: Any = field(init=False, repr=False, default=None)
 
@@ -118,6 +126,14 @@ class EnvConfig:
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("backend 'nccl' needs device='cuda'")
         self._network = _parse_network(self.network)
+        from commgym.env.schedule import Condition
+        from commgym.env.stragglers import StragglerSpec
+        from commgym.env.workloads.shards import parse_shards
+
+        parse_shards(self.shards)
+        self.straggler_condition = Condition.parse(
+            self.stragglers, StragglerSpec.parse, "stragglers"
+        )
         from commgym.env.workloads import WORKLOADS, get_workload
 
         if (
@@ -269,6 +285,7 @@ class AllReduceEnv(gym.Env):
         self._last_obs: np.ndarray | None = None
         self._schedule: Any = None  # this episode's network schedule (shifted per seed)
         self._needs_reset = True
+        self._env_snapshots: dict[str, dict[str, Any]] = {}
         self.last_reset_s = float("nan")
         self.launches = 0
 
@@ -343,6 +360,8 @@ class AllReduceEnv(gym.Env):
         self._train_time_s = 0.0
         self._decisions = 0
         self._episode_seed = episode_seed
+        self._stragglers = cfg.straggler_condition.for_episode(episode_seed)
+        self._env_snapshots.clear()  # the ranks dropped theirs at reset
         self._needs_reset = False
         obs = self._obs.reset(self._eval_loss, self._action)
         self._last_obs = obs
@@ -372,10 +391,18 @@ class AllReduceEnv(gym.Env):
             self._set_network(self._schedule.spec_at(self._train_time_s))
         if self._net_spec is not None:
             info["network"] = str(self._net_spec)
+        straggler = self._stragglers.value_at(self._train_time_s)
+        info["stragglers"] = str(straggler)
         t0 = time.perf_counter()
         try:
             replies = self._cluster.command(  # type: ignore[union-attr]
-                {"cmd": "step", "config": cfg_comm.to_dict(), "steps": cfg.steps_per_decision}
+                {
+                    "cmd": "step",
+                    "config": cfg_comm.to_dict(),
+                    "steps": cfg.steps_per_decision,
+                    "straggler": straggler.to_message(),
+                    "probe_bytes": getattr(self, "probe_bytes", 0),
+                }
             )
         except CommgymError as err:
             if self._cluster is not None:
@@ -388,6 +415,7 @@ class AllReduceEnv(gym.Env):
         measured = DecisionMeasurement.from_ranks(replies)
         m = measured.to_dict()
         m["env_step_s"] = time.perf_counter() - t0
+        m["probe_s"] = max(float(r.get("probe_s", 0.0)) for r in replies)
         self._decisions += 1
         self._train_time_s += measured.train_time_s
         elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)
@@ -424,6 +452,83 @@ class AllReduceEnv(gym.Env):
             )
         )
         return obs, float(reward), terminated, truncated, info
+
+    # -- forking an episode ---------------------------------------------------------
+    def snapshot(self) -> str:
+        """Save the running episode's state (ranks and env) and return its key.
+
+        The ranks copy model, optimizer, synchronizer, data order and straggler draws in
+        memory; the env keeps its clock, counters and observation state. :meth:`restore`
+        of the key continues the episode from this point exactly as it would have gone
+        on (measured times aside). Snapshots live until :meth:`drop_snapshots` or the
+        next :meth:`reset`. Used by ``oracle-adaptive`` to try every menu entry from the
+        same state at each phase boundary.
+
+        Returns:
+            The snapshot's key.
+
+        Raises:
+            RuntimeError: no episode is running.
+        """
+        if self._needs_reset or self._cluster is None:
+            raise RuntimeError("snapshot() needs a running episode: call reset() first")
+        self._snapshot_count = getattr(self, "_snapshot_count", 0) + 1
+        key = f"s{self._snapshot_count}"
+        self._cluster.command({"cmd": "snapshot", "key": key})
+        self._env_snapshots[key] = {
+            "train_time_s": self._train_time_s,
+            "decisions": self._decisions,
+            "eval_loss": self._eval_loss,
+            "action": np.array(self._action, copy=True),
+            "last_obs": None if self._last_obs is None else self._last_obs.copy(),
+            "prev": (self._obs.prev_eval_loss, self._obs.prev_grad_norm),
+        }
+        return key
+
+    def restore(self, key: str) -> np.ndarray:
+        """Continue from the snapshot ``key`` (the episode runs on from that point).
+
+        Returns:
+            The observation at the snapshot.
+
+        Raises:
+            KeyError: unknown key (snapshots end with the episode).
+        """
+        env_state = self._env_snapshots[key]
+        if self._cluster is None:
+            raise RuntimeError("restore() after close()")
+        self._cluster.command({"cmd": "restore", "key": key})
+        self._train_time_s = env_state["train_time_s"]
+        self._decisions = env_state["decisions"]
+        self._eval_loss = env_state["eval_loss"]
+        self._action = env_state["action"].copy()
+        self._last_obs = None if env_state["last_obs"] is None else env_state["last_obs"].copy()
+        self._obs.prev_eval_loss, self._obs.prev_grad_norm = env_state["prev"]
+        self._needs_reset = False
+        return self._last_obs
+
+    def drop_snapshots(self) -> None:
+        """Free every snapshot (ranks and env)."""
+        if self._cluster is not None and self._cluster.alive:
+            self._cluster.command({"cmd": "drop", "keys": None})
+        self._env_snapshots.clear()
+
+    @property
+    def episode_phases(self) -> list[tuple[float, str]]:
+        """The running episode's condition phases: ``(start_training_s, label)`` pairs.
+
+        A new phase starts wherever the link (``network``) or the straggler jitter
+        (``stragglers``) switches; the label names both (``"20mbit, stragglers off"``).
+        """
+        times = {0.0}
+        if self._schedule is not None:
+            times |= {t for t, _ in self._schedule}
+        times |= set(self._stragglers.boundaries)
+        out = []
+        for t in sorted(times):
+            net = "loopback" if self._schedule is None else str(self._schedule.spec_at(t))
+            out.append((t, f"{net}, stragglers {self._stragglers.value_at(t)}"))
+        return out
 
     def close(self) -> None:  # noqa: D102
         if self._cluster is not None:
