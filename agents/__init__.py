@@ -9,6 +9,7 @@ zip file (``save(path)``, ``load_agent(path, env)``)::
     env = gymnasium.make("commgym/AllReduce-v0", workload="mlp-digits", world_size=2)
     agent = make_agent("bayesopt", env, seed=0).learn(60)
     action, _ = agent.predict(obs)
+    episode = rollout(env, agent, seed=1000, target_loss=0.2)  # the one episode loop
 
 .. warning:: SB3 policy files (``ppo``, ``a2c``, ``dqn``) contain pickles: loading one
    from an untrusted source can execute arbitrary code.
@@ -34,8 +35,9 @@ from commgym.agents.baselines import (
     StaticAgent,
 )
 from commgym.agents.bayesopt import BayesOptAgent
-from commgym.agents.oracle import OracleEntry, OracleEpisode, OracleStaticAgent
+from commgym.agents.oracle import OracleEntry, OracleStaticAgent
 from commgym.agents.registry import AGENTS, agent_names, load_agent, make_agent
+from commgym.agents.rollout import Episode, EpisodeStep, rollout
 from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent, SB3Agent
 
 __all__ = [
@@ -48,9 +50,10 @@ __all__ = [
     "AutotuneAgent",
     "BayesOptAgent",
     "DQNAgent",
+    "Episode",
+    "EpisodeStep",
     "GridAgent",
     "OracleEntry",
-    "OracleEpisode",
     "OracleStaticAgent",
     "PPOAgent",
     "RandomAgent",
@@ -64,4 +67,5 @@ __all__ = [
     "load_agent",
     "make_agent",
     "read_policy_json",
+    "rollout",
 ]

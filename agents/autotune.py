@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from commgym.agents.base import LearnCallback, StepAgent
+from commgym.agents.base import LearnCallback, StepAgent, predict_each
 from commgym.agents.bayesopt import best_sampled, menu_features, propose_ei
 from commgym.collectives import CommConfig
 from commgym.env.spaces import OBSERVATION_FIELDS
@@ -309,34 +309,17 @@ class AutotuneAgent(StepAgent):
         episode_start: np.ndarray | None = None,
         deterministic: bool = True,
     ) -> tuple[np.ndarray, Any]:
-        obs = np.asarray(observation, dtype=np.float32)
-        if obs.shape == (self._obs_dim,):
-            starts = episode_start is not None and bool(np.asarray(episode_start).reshape(-1)[0])
-            if starts or self._starts(obs):
-                self._tuning = self._new_tuning()
-            return self._decide(self._tuning, obs), None
-        if obs.ndim == 2 and obs.shape[1] == self._obs_dim:
-            n = obs.shape[0]
-            states: Sequence[Any] = [None] * n if state is None else list(state)
-            if len(states) != n:
-                raise ValueError(f"state has {len(states)} entries for a batch of {n}")
-            flags = (
-                np.zeros(n, dtype=bool)
-                if episode_start is None
-                else np.asarray(episode_start, dtype=bool).reshape(n)
+        def act(obs: np.ndarray, tuning: Any, start: bool) -> tuple[np.ndarray, _Tuning]:
+            if start or self._starts(obs) or not isinstance(tuning, _Tuning):
+                tuning = self._new_tuning()
+            return self._decide(tuning, obs), tuning
+
+        if np.ndim(observation) == 1:  # one env: its search lives on the agent
+            action, self._tuning = predict_each(
+                observation, self._obs_dim, self._tuning, episode_start, act
             )
-            searches = [
-                self._new_tuning()
-                if flags[i] or self._starts(obs[i]) or not isinstance(states[i], _Tuning)
-                else states[i]
-                for i in range(n)
-            ]
-            actions = np.stack([self._decide(t, o) for t, o in zip(searches, obs, strict=True)])
-            return actions, searches
-        raise ValueError(
-            f"observation must have shape ({self._obs_dim},) or (n, {self._obs_dim}), "
-            f"got {obs.shape}"
-        )
+            return action, None
+        return predict_each(observation, self._obs_dim, state, episode_start, act)
 
     def _act(self, obs: np.ndarray, state: Any, deterministic: bool) -> tuple[np.ndarray, Any]:
         return self._decide(self._tuning, obs), None

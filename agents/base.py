@@ -41,12 +41,18 @@ __all__ = [
     "ENV_ID",
     "POLICY_JSON",
     "Agent",
+    "LayoutEnv",
     "LearnCallback",
+    "Progress",
     "StepAgent",
+    "as_observations",
     "check_compatible",
     "layout_of",
     "menu_of",
+    "predict_each",
     "read_policy_json",
+    "step_report",
+    "zip_path",
 ]
 
 #: The environment id recorded in policy files.
@@ -57,8 +63,40 @@ POLICY_JSON = "commgym_agent.json"
 POLICY_FORMAT = 1
 
 #: ``callback(step) -> bool``; ``step`` has keys ``obs, action, reward, terminated,
-#: truncated, info, timestep``; returning ``False`` stops ``learn`` (``None`` continues).
+#: truncated, info, timestep`` (:func:`step_report`); returning ``False`` stops ``learn``
+#: (``None`` continues).
 LearnCallback = Callable[[dict[str, Any]], "bool | None"]
+
+
+def step_report(
+    obs: Any,
+    action: Any,
+    reward: float,
+    terminated: bool,
+    truncated: bool,
+    info: dict[str, Any],
+    timestep: int,
+) -> dict[str, Any]:
+    """What a :data:`LearnCallback` (and a rollout's ``on_step``) receives after a step.
+
+    Args:
+        obs: the observation after the step.
+        action: the action taken (``MultiDiscrete`` menu indices).
+        reward: the env's reward.
+        terminated: the env's ``terminated``.
+        truncated: the env's ``truncated``.
+        info: the env's ``info``.
+        timestep: steps so far (1 after the first).
+    """
+    return {
+        "obs": obs,
+        "action": action,
+        "reward": float(reward),
+        "terminated": bool(terminated),
+        "truncated": bool(truncated),
+        "info": info,
+        "timestep": int(timestep),
+    }
 
 
 def menu_of(env: gym.Env) -> ActionMenu:
@@ -163,12 +201,13 @@ def read_policy_json(path: str | Path) -> dict[str, Any]:
         return json.loads(zf.read(POLICY_JSON).decode("utf-8"))
 
 
-def _zip_path(path: str | Path) -> Path:
+def zip_path(path: str | Path) -> Path:
+    """``path`` with ``.zip`` appended unless it already ends so (policy file names)."""
     path = Path(path)
     return path if path.suffix == ".zip" else path.with_name(path.name + ".zip")
 
 
-class _LayoutEnv(gym.Env):
+class LayoutEnv(gym.Env):
     """Spaces and menu of a saved policy, for agents loaded without an env.
 
     ``predict`` works; ``reset``/``step`` raise (pass ``env=`` to ``load`` to learn).
@@ -179,11 +218,67 @@ class _LayoutEnv(gym.Env):
         self.action_space = spaces.MultiDiscrete(menu.nvec)
         self.observation_space = ObservationBuilder(menu, 1, 1).space
 
-    def reset(self, *, seed=None, options=None):
+    def reset(self, *, seed=None, options=None):  # noqa: D102 - it raises
         raise RuntimeError("agent was loaded without an env: load(path, env=...) to learn")
 
-    def step(self, action):
+    def step(self, action):  # noqa: D102 - it raises
         raise RuntimeError("agent was loaded without an env: load(path, env=...) to learn")
+
+
+def as_observations(observation: Any, dim: int) -> tuple[np.ndarray, bool]:
+    """An observation ``(dim,)`` or a batch ``(n, dim)`` as float32, and whether it is a batch.
+
+    Raises:
+        ValueError: any other shape (the message gives both valid ones).
+    """
+    obs = np.asarray(observation, dtype=np.float32)
+    if obs.shape == (dim,):
+        return obs, False
+    if obs.ndim == 2 and obs.shape[1] == dim:
+        return obs, True
+    raise ValueError(f"observation must have shape ({dim},) or (n, {dim}), got {obs.shape}")
+
+
+#: ``act(obs, state, episode_start) -> (action, next state)`` for ONE observation ``(dim,)``.
+RowPolicy = Callable[[np.ndarray, Any, bool], tuple[np.ndarray, Any]]
+
+
+def predict_each(
+    observation: Any,
+    dim: int,
+    state: Any,
+    episode_start: np.ndarray | None,
+    act: RowPolicy,
+) -> tuple[np.ndarray, Any]:
+    """``Agent.predict`` for an agent that decides one observation at a time (``act``).
+
+    A single observation ``(dim,)`` gets ``act(obs, state, start)``'s answer as it is. A
+    batch ``(n, dim)`` is decided row by row: ``state`` is one entry per row (``None``:
+    all ``None``), ``episode_start`` one flag per row; the actions come back as ``(n, 3)``
+    int64 and the states as a list (``None`` when every row's is ``None``).
+
+    Raises:
+        ValueError: a wrong observation shape, or ``state`` not one entry per row.
+    """
+    obs, batched = as_observations(observation, dim)
+    if not batched:
+        start = episode_start is not None and bool(np.asarray(episode_start).reshape(-1)[0])
+        return act(obs, state, start)
+    n = obs.shape[0]
+    states: Sequence[Any] = [None] * n if state is None else list(state)
+    if len(states) != n:
+        raise ValueError(f"state has {len(states)} entries for a batch of {n}")
+    starts = (
+        np.zeros(n, dtype=bool)
+        if episode_start is None
+        else np.asarray(episode_start, dtype=bool).reshape(n)
+    )
+    actions = np.empty((n, 3), dtype=np.int64)
+    new_states: list[Any] = []
+    for i in range(n):
+        actions[i], s = act(obs[i], states[i], bool(starts[i]))
+        new_states.append(s)
+    return actions, (None if all(s is None for s in new_states) else new_states)
 
 
 class Agent(ABC):
@@ -322,12 +417,12 @@ class Agent(ABC):
                 "use commgym.agents.load_agent to pick the class from the file"
             )
         if env is None:
-            return _LayoutEnv(ActionMenu.from_any(meta["layout"]["action_menu"]))
+            return LayoutEnv(ActionMenu.from_any(meta["layout"]["action_menu"]))
         check_compatible(meta["layout"], env)
         return env
 
     def _require_env(self) -> gym.Env:
-        if isinstance(self.env, _LayoutEnv):
+        if isinstance(self.env, LayoutEnv):
             raise RuntimeError(
                 f"{type(self).__name__} was loaded without an env; load(path, env=...) to learn"
             )
@@ -395,31 +490,10 @@ class StepAgent(Agent):
         episode_start: np.ndarray | None = None,
         deterministic: bool = True,
     ) -> tuple[np.ndarray, Any]:
-        obs = np.asarray(observation, dtype=np.float32)
-        if obs.shape == (self._obs_dim,):
-            if episode_start is not None and bool(np.asarray(episode_start).reshape(-1)[0]):
-                state = None
-            return self._act(obs, state, deterministic)
-        if obs.ndim == 2 and obs.shape[1] == self._obs_dim:
-            n = obs.shape[0]
-            states: Sequence[Any] = [None] * n if state is None else list(state)
-            if len(states) != n:
-                raise ValueError(f"state has {len(states)} entries for a batch of {n}")
-            starts = (
-                np.zeros(n, dtype=bool)
-                if episode_start is None
-                else np.asarray(episode_start, dtype=bool).reshape(n)
-            )
-            actions = np.empty((n, 3), dtype=np.int64)
-            new_states: list[Any] = []
-            for i in range(n):
-                actions[i], s = self._act(obs[i], None if starts[i] else states[i], deterministic)
-                new_states.append(s)
-            return actions, (None if all(s is None for s in new_states) else new_states)
-        raise ValueError(
-            f"observation must have shape ({self._obs_dim},) or (n, {self._obs_dim}), "
-            f"got {obs.shape}"
-        )
+        def act(obs: np.ndarray, row_state: Any, start: bool) -> tuple[np.ndarray, Any]:
+            return self._act(obs, None if start else row_state, deterministic)
+
+        return predict_each(observation, self._obs_dim, state, episode_start, act)
 
     def learn(  # noqa: D102 - documented on Agent
         self,
@@ -439,7 +513,7 @@ class StepAgent(Agent):
         obs, _ = env.reset(seed=seed)
         self._episode_start(obs)
         state: Any = None
-        progress = _Progress(total_timesteps, type(self).__name__) if progress_bar else None
+        progress = Progress(total_timesteps, type(self).__name__) if progress_bar else None
         try:
             for t in range(int(total_timesteps)):
                 action, state = self.predict(obs, state, deterministic=False)
@@ -449,18 +523,8 @@ class StepAgent(Agent):
                 if progress is not None:
                     progress.advance()
                 if callback is not None:
-                    keep = callback(
-                        {
-                            "obs": next_obs,
-                            "action": action,
-                            "reward": reward,
-                            "terminated": bool(terminated),
-                            "truncated": bool(truncated),
-                            "info": info,
-                            "timestep": t + 1,
-                        }
-                    )
-                    if keep is False:
+                    step = step_report(next_obs, action, reward, terminated, truncated, info, t + 1)
+                    if callback(step) is False:
                         break
                 obs = next_obs
                 if terminated or truncated:
@@ -473,7 +537,7 @@ class StepAgent(Agent):
         return self
 
     def save(self, path: str | Path) -> Path:  # noqa: D102 - documented on Agent
-        path = _zip_path(path)
+        path = zip_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = self._policy_json(self._get_state())
         text = json.dumps(meta, indent=1, allow_nan=False)
@@ -491,7 +555,7 @@ class StepAgent(Agent):
         return agent
 
 
-class _Progress:
+class Progress:
     """A rich progress bar over decisions (imported lazily)."""
 
     def __init__(self, total: int, label: str) -> None:
@@ -502,9 +566,11 @@ class _Progress:
         self._task = self._progress.add_task(f"{label} learn", total=total)
 
     def advance(self) -> None:
+        """One more decision done."""
         self._progress.advance(self._task)
 
     def close(self) -> None:
+        """Stop the bar."""
         self._progress.stop()
 
 

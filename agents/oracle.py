@@ -6,80 +6,21 @@ import math
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from commgym.agents.base import LearnCallback, StepAgent, _Progress
+from commgym.agents.base import LearnCallback, Progress, StepAgent
 from commgym.agents.baselines import StaticAgent
+from commgym.agents.rollout import Episode, finite_or_none, nan_if_none, rollout
 from commgym.collectives import CommConfig
 
-__all__ = ["DEFAULT_SEEDS", "OracleEntry", "OracleEpisode", "OracleStaticAgent"]
+__all__ = ["DEFAULT_SEEDS", "OracleEntry", "OracleStaticAgent"]
 
 #: Evaluation seeds searched when none are given.
 DEFAULT_SEEDS: tuple[int, ...] = (1000, 1001, 1002)
-
-
-def _finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
-def _nan_if_none(x: float | None) -> float:
-    return math.nan if x is None else float(x)
-
-
-@dataclass(frozen=True)
-class OracleEpisode:
-    """One full episode of one static entry on one seed.
-
-    Attributes:
-        seed: the ``env.reset`` seed.
-        decisions: decisions (``env.step`` calls) of the episode.
-        train_time_s: training time at the episode's end, s.
-        time_to_target_s: training time at the first decision whose held-out loss was
-            ``<= target_loss``, s; None if the episode never reached it.
-        final_eval_loss: held-out loss at the end, nats (NaN when diverged).
-        final_eval_acc: held-out accuracy at the end (NaN when not measured).
-        bytes_per_step: mean over decisions of the bytes handed to collectives per
-            iteration, B.
-        episode_return: sum of the env's rewards.
-        reason: the env's ``info["reason"]`` of the last step (``target_reached``,
-            ``time_budget``, ``max_decisions``, ``diverged``, ``failure``).
-    """
-
-    seed: int
-    decisions: int
-    train_time_s: float
-    time_to_target_s: float | None
-    final_eval_loss: float
-    final_eval_acc: float
-    bytes_per_step: float
-    episode_return: float
-    reason: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe values (non-finite numbers as None)."""
-        d = asdict(self)
-        for k in ("final_eval_loss", "final_eval_acc", "episode_return", "bytes_per_step"):
-            d[k] = _finite_or_none(d[k])
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> OracleEpisode:
-        """Inverse of :meth:`to_dict`."""
-        return cls(
-            seed=int(d["seed"]),
-            decisions=int(d["decisions"]),
-            train_time_s=float(d["train_time_s"]),
-            time_to_target_s=d["time_to_target_s"],
-            final_eval_loss=_nan_if_none(d["final_eval_loss"]),
-            final_eval_acc=_nan_if_none(d["final_eval_acc"]),
-            bytes_per_step=_nan_if_none(d["bytes_per_step"]),
-            episode_return=_nan_if_none(d["episode_return"]),
-            reason=d["reason"],
-        )
 
 
 @dataclass(frozen=True)
@@ -94,7 +35,8 @@ class OracleEntry:
         times_to_target_s: per seed, in seed order (None: missed).
         final_eval_loss: mean over seeds of the final held-out loss, nats (NaN if any
             seed diverged).
-        episodes: the full episodes, in seed order.
+        episodes: the full episodes (:func:`~commgym.agents.rollout.rollout`'s records),
+            in seed order.
     """
 
     config: str
@@ -102,7 +44,7 @@ class OracleEntry:
     seeds_reached: int
     times_to_target_s: tuple[float | None, ...]
     final_eval_loss: float
-    episodes: tuple[OracleEpisode, ...]
+    episodes: tuple[Episode, ...]
 
     @property
     def seeds_missed(self) -> int:
@@ -125,15 +67,20 @@ class OracleEntry:
             loss if not math.isnan(loss) else math.inf,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe values (non-finite numbers as None)."""
+    def to_dict(self, *, json_safe: bool = True) -> dict[str, Any]:
+        """Plain values (the episodes' outcomes only, :meth:`Episode.to_dict`).
+
+        Args:
+            json_safe: non-finite numbers as ``None`` (``False``: as they are).
+        """
+        loss = self.final_eval_loss
         return {
             "config": self.config,
             "mean_time_to_target_s": self.mean_time_to_target_s,
             "seeds_reached": self.seeds_reached,
             "times_to_target_s": list(self.times_to_target_s),
-            "final_eval_loss": _finite_or_none(self.final_eval_loss),
-            "episodes": [e.to_dict() for e in self.episodes],
+            "final_eval_loss": finite_or_none(loss) if json_safe else loss,
+            "episodes": [e.to_dict(json_safe=json_safe) for e in self.episodes],
         }
 
     @classmethod
@@ -144,13 +91,13 @@ class OracleEntry:
             mean_time_to_target_s=float(d["mean_time_to_target_s"]),
             seeds_reached=int(d["seeds_reached"]),
             times_to_target_s=tuple(d["times_to_target_s"]),
-            final_eval_loss=_nan_if_none(d["final_eval_loss"]),
-            episodes=tuple(OracleEpisode.from_dict(e) for e in d["episodes"]),
+            final_eval_loss=nan_if_none(d["final_eval_loss"]),
+            episodes=tuple(Episode.from_dict(e) for e in d["episodes"]),
         )
 
     @classmethod
     def from_episodes(
-        cls, config: str, episodes: Sequence[OracleEpisode], time_budget_s: float
+        cls, config: str, episodes: Sequence[Episode], time_budget_s: float
     ) -> OracleEntry:
         """Aggregate one entry's episodes (misses count as ``time_budget_s``)."""
         times = tuple(e.time_to_target_s for e in episodes)
@@ -323,8 +270,20 @@ class OracleStaticAgent(StepAgent):
             )
         self.search_decisions, self.search_train_time_s = 0, 0.0
         self._stop = False
+
+        def on_step(step: dict[str, Any]) -> bool:
+            """Count the search's decisions; the callback or the cap stops the search."""
+            self.search_decisions += 1
+            if callback is not None:
+                keep = callback({**step, "timestep": self.search_decisions})
+                self._stop = self._stop or keep is False
+            # an episode that ends on this step still counts (checked before the next one)
+            cap = total_timesteps
+            self._stop = self._stop or (cap is not None and self.search_decisions >= cap)
+            return not self._stop
+
         progress = (
-            _Progress(len(self.entries) * len(self.seeds), type(self).__name__)
+            Progress(len(self.entries) * len(self.seeds), type(self).__name__)
             if progress_bar
             else None
         )
@@ -335,9 +294,13 @@ class OracleStaticAgent(StepAgent):
                 static = StaticAgent(env, preset=entry)
                 episodes = []
                 for s in self.seeds:
-                    ep = self._episode(env, static, s, target, total_timesteps, callback)
+                    if self._stop:
+                        raise _Stop
+                    ep = rollout(env, static, s, target_loss=target, on_step=on_step)
+                    if ep.reason is None:  # stopped inside the episode: it does not count
+                        raise _Stop
                     episodes.append(ep)
-                    self.search_train_time_s += episodes[-1].train_time_s
+                    self.search_train_time_s += ep.train_time_s
                     if progress is not None:
                         progress.advance()
                 done.append(OracleEntry.from_episodes(entry, episodes, float(budget)))
@@ -363,66 +326,6 @@ class OracleStaticAgent(StepAgent):
 
     def _entry_config(self, config: str) -> CommConfig:
         return StaticAgent(self.env, preset=config).config
-
-    def _episode(
-        self,
-        env: gym.Env,
-        agent: StaticAgent,
-        seed: int,
-        target: float | None,
-        cap: int | None,
-        callback: LearnCallback | None,
-    ) -> OracleEpisode:
-        """One full episode of ``agent`` from ``env.reset(seed=seed)``."""
-        obs, info = env.reset(seed=seed)
-        loss = float(info.get("eval_loss", math.nan))
-        acc = float(info.get("eval_acc", math.nan))
-        decisions, train_time, total, bytes_sum = 0, 0.0, 0.0, 0.0
-        t_target: float | None = None
-        reason: str | None = None
-        start = np.array([True])
-        while True:
-            if self._stop:
-                raise _Stop
-            action, _ = agent.predict(obs, episode_start=start, deterministic=True)
-            start = np.array([False])
-            obs, reward, terminated, truncated, info = env.step(action)
-            self.search_decisions += 1
-            reason = info.get("reason")
-            m = info.get("measured")
-            if m is not None:  # None: a failed rank, nothing was measured
-                decisions += 1
-                total += float(reward)
-                train_time = float(info["train_time_s"])
-                loss = float(m["eval_loss"])
-                acc = float(m.get("eval_acc", math.nan))
-                bytes_sum += float(m["bytes_per_step"])
-                if t_target is None and target is not None and loss <= target:
-                    t_target = train_time
-            if callback is not None:
-                keep = callback(
-                    {
-                        "obs": obs, "action": action, "reward": float(reward),
-                        "terminated": bool(terminated), "truncated": bool(truncated),
-                        "info": info, "timestep": self.search_decisions,
-                    }
-                )  # fmt: skip
-                self._stop = self._stop or keep is False
-            # checked before the next step, so an episode that ends here still counts
-            self._stop = self._stop or (cap is not None and self.search_decisions >= cap)
-            if terminated or truncated or m is None:
-                break
-        return OracleEpisode(
-            seed=seed,
-            decisions=decisions,
-            train_time_s=train_time,
-            time_to_target_s=t_target,
-            final_eval_loss=loss,
-            final_eval_acc=acc,
-            bytes_per_step=bytes_sum / decisions if decisions else 0.0,
-            episode_return=total,
-            reason=reason,
-        )
 
     # -- StepAgent --------------------------------------------------------------------
     def _act(self, obs: np.ndarray, state: Any, deterministic: bool) -> tuple[np.ndarray, Any]:

@@ -29,9 +29,11 @@ from commgym.agents.base import (
     POLICY_JSON,
     Agent,
     LearnCallback,
-    _Progress,
-    _zip_path,
+    Progress,
+    as_observations,
     read_policy_json,
+    step_report,
+    zip_path,
 )
 from commgym.env import FlattenAction
 
@@ -81,18 +83,12 @@ class _FunctionCallback(BaseCallback):
         obs = info.get("terminal_observation") if done else None
         if obs is None:
             obs = np.asarray(loc["new_obs"])[0]
-        keep = self._fn(
-            {
-                "obs": obs,
-                "action": self._to_multi(np.asarray(loc["actions"])[0]),
-                "reward": float(np.asarray(loc["rewards"])[0]),
-                "terminated": done and not truncated,
-                "truncated": truncated,
-                "info": info,
-                "timestep": int(self.num_timesteps),
-            }
+        action = self._to_multi(np.asarray(loc["actions"])[0])
+        reward = float(np.asarray(loc["rewards"])[0])
+        step = step_report(
+            obs, action, reward, done and not truncated, truncated, info, self.num_timesteps
         )
-        return keep is not False
+        return self._fn(step) is not False
 
 
 class _RichProgressCallback(BaseCallback):
@@ -101,10 +97,10 @@ class _RichProgressCallback(BaseCallback):
     def __init__(self, total: int, label: str) -> None:
         super().__init__()
         self._total, self._label = total, label
-        self._bar: _Progress | None = None
+        self._bar: Progress | None = None
 
     def _on_training_start(self) -> None:
-        self._bar = _Progress(self._total, self._label)
+        self._bar = Progress(self._total, self._label)
 
     def _on_step(self) -> bool:
         if self._bar is not None:
@@ -162,10 +158,7 @@ class SB3Agent(Agent):
         episode_start: np.ndarray | None = None,
         deterministic: bool = True,
     ) -> tuple[np.ndarray, Any]:
-        obs = np.asarray(observation, dtype=np.float32)
-        dim = int(np.prod(self.observation_space.shape))
-        if obs.shape != (dim,) and not (obs.ndim == 2 and obs.shape[1] == dim):
-            raise ValueError(f"observation must have shape ({dim},) or (n, {dim}), got {obs.shape}")
+        obs, _ = as_observations(observation, int(np.prod(self.observation_space.shape)))
         action, state = self.model.predict(obs, state, episode_start, deterministic)
         return self._to_multi(action), state
 
@@ -288,7 +281,7 @@ class SB3Agent(Agent):
         return count["decisions"]
 
     def save(self, path: str | Path) -> Path:  # noqa: D102 - documented on Agent
-        path = _zip_path(path)
+        path = zip_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.model.save(path)
         meta = self._policy_json({"num_timesteps": int(self.model.num_timesteps)})

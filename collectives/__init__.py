@@ -7,13 +7,19 @@ depends only on torch (never on gymnasium, stable-baselines3 or MLflow).
 
 from commgym.collectives.averaging import PeriodicAverager, average_optimizer_state
 from commgym.collectives.bucketing import BucketPlan
-from commgym.collectives.compressors import BucketLayout, Compressor, make_compressor
+from commgym.collectives.compressors import (
+    COMPRESSORS,
+    VALID_SPEC_FORMS,
+    BucketLayout,
+    CompressionSpec,
+    Compressor,
+    make_compressor,
+)
 from commgym.collectives.config import CommConfig
 from commgym.collectives.ddp_hook import DDPHookState, ddp_comm_hook
 from commgym.collectives.ddp_sync import DDPHookSynchronizer
 from commgym.collectives.errors import CollectiveTimeout, CommgymError, WorkerFailed
 from commgym.collectives.residual import ResidualMemory
-from commgym.collectives.spec import COMPRESSORS, VALID_SPEC_FORMS, CompressionSpec
 from commgym.collectives.stats import AveragingStats, StepStats
 from commgym.collectives.synchronizer import DEFAULT_TIMEOUT_S, GradientSynchronizer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from commgym.collectives.spec import CompressionSpec
+from commgym.collectives.compressors import CompressionSpec
 
 __all__ = ["CommConfig"]
 

@@ -10,10 +10,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commgym.collectives.compressors import BucketLayout, Compressor, make_compressor
+from commgym.collectives.compressors import (
+    BucketLayout,
+    CompressionSpec,
+    Compressor,
+    make_compressor,
+)
 from commgym.collectives.exchange import decode, issue
 from commgym.collectives.residual import ResidualMemory
-from commgym.collectives.spec import CompressionSpec
 
 __all__ = ["DDPHookState", "ddp_comm_hook"]
 

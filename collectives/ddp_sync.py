@@ -29,7 +29,7 @@ class DDPHookSynchronizer:
 
     Registers a single commgym comm hook (:func:`~commgym.collectives.ddp_comm_hook`)
     on ``ddp_model`` and exposes the :class:`GradientSynchronizer` interface that
-    :class:`~commgym.agents.replay.CommScheduler` drives: :meth:`reconfigure` changes
+    :class:`~commgym.agents.scheduler.CommScheduler` drives: :meth:`reconfigure` changes
     the hook's compressor, and ``sync_period = H > 1`` makes the hook a pass-through
     (gradients stay local) with parameters averaged every ``H`` optimizer steps in
     :meth:`after_optimizer_step` (periodic model averaging, as torch's

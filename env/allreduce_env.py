@@ -15,6 +15,7 @@ from gymnasium import spaces
 from commgym.collectives.errors import CommgymError
 from commgym.env.cluster import Cluster, LaunchConfig
 from commgym.env.measure import DecisionMeasurement, combine_eval, decision_info
+from commgym.env.net.plan import NetworkPlan
 from commgym.env.spaces import REWARDS, ActionMenu, ObservationBuilder, decision_outcome
 
 __all__ = ["RESET_TIMEOUT_S", "AllReduceEnv", "EnvConfig", "FlattenAction"]
@@ -64,6 +65,8 @@ class EnvConfig:
             a spec (``"40ms"``, ``"40ms:p=0.5"``), a schedule ``[[elapsed_training_s,
             spec], ...]`` (``{"schedule": [...], "shift_s": s}``) or ``{"profiles":
             [...]}``, in the same forms as ``network`` (:mod:`commgym.env.schedule`).
+        network_plan: ``network`` parsed once (:class:`~commgym.env.net.NetworkPlan`; set
+            by ``__post_init__``): what the env, the surrogate and the tables read.
 
     Raises:
         ValueError: invalid values (messages name the value and what is valid).
@@ -90,7 +93,7 @@ class EnvConfig:
     shards: str = "iid"
     stragglers: str | list[Any] | dict[str, Any] | None = None
     menu: ActionMenu = field(init=False, repr=False)
-    _network: Any = field(init=False, repr=False, default=None)
+    network_plan: NetworkPlan = field(init=False, repr=False, default_factory=NetworkPlan)
 
     def __post_init__(self) -> None:
         def positive_int(name: str) -> None:
@@ -125,7 +128,7 @@ class EnvConfig:
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("backend 'nccl' needs device='cuda'")
-        self._network = _parse_network(self.network)
+        self.network_plan = NetworkPlan.parse(self.network)
         from commgym.env.schedule import Condition
         from commgym.env.stragglers import StragglerSpec
         from commgym.env.workloads.shards import parse_shards
@@ -273,7 +276,7 @@ class AllReduceEnv(gym.Env):
         self._cluster: Cluster | None = None
         self._net: Any = None
         self._net_spec: Any = None
-        if cfg._network is not None:
+        if cfg.network_plan.emulated:
             from commgym.env.net import netem_available
 
             ok, why = netem_available()
@@ -290,26 +293,21 @@ class AllReduceEnv(gym.Env):
         self.launches = 0
 
     # -- cluster ------------------------------------------------------------------------
-    def _ensure_cluster(self) -> Cluster:
+    def _ensure_cluster(self, first_spec: Any) -> Cluster:
+        """Running ranks; an emulated network is built with ``first_spec`` if there is none."""
         if self._cluster is None or not self._cluster.alive:
             if self._cluster is not None:
                 self._cluster.kill()
             cfg = self.config
-            if cfg._network is not None and self._net is None:
+            if first_spec is not None and self._net is None:
                 from commgym.env.net import EmulatedNetwork
 
-                self._net_spec = self._initial_spec(cfg.seed)
-                self._net = EmulatedNetwork(
-                    cfg.world_size, self._net_spec, strict=cfg.network_strict
-                )
+                self._net_spec = first_spec
+                self._net = EmulatedNetwork(cfg.world_size, first_spec, strict=cfg.network_strict)
             self._cluster = Cluster(cfg.world_size, cfg.launch_config(), network=self._net)
             self._cluster.start()
             self.launches += 1
         return self._cluster
-
-    def _initial_spec(self, episode_seed: int) -> Any:
-        self._schedule = episode_network(self.config._network, episode_seed)
-        return self._schedule.spec_at(0.0)
 
     def _set_network(self, spec: Any) -> None:
         if self._net is not None and spec != self._net_spec:
@@ -335,10 +333,13 @@ class AllReduceEnv(gym.Env):
             super().reset(seed=cfg.seed)
         self._seeded = True
         episode_seed = int(self.np_random.integers(0, 2**31 - 1))
+        # this episode's link, resolved once: it builds the network or is applied to it
+        self._schedule = cfg.network_plan.for_episode(episode_seed)
+        first_spec = None if self._schedule is None else self._schedule.spec_at(0.0)
         t0 = time.perf_counter()
-        cluster = self._ensure_cluster()
+        cluster = self._ensure_cluster(first_spec)
         if self._net is not None:
-            self._set_network(self._initial_spec(episode_seed))
+            self._set_network(first_spec)
         self._action = self.menu.default_action()
         replies = cluster.command(
             # the workload, batch size and learning rate came with the launch config
@@ -539,62 +540,6 @@ class AllReduceEnv(gym.Env):
             self._net = None
             self._net_spec = None
         self._needs_reset = True
-
-
-def episode_network(network: tuple[str, Any] | None, episode_seed: int | None) -> Any:
-    """One episode's link over its training time (the real env and the surrogate read it).
-
-    Args:
-        network: an ``EnvConfig``'s parsed network (``config._network``): ``None``,
-            ``("fixed", spec)``, ``("schedule", NetworkSchedule)`` or ``("profiles",
-            [spec, ...])``.
-        episode_seed: the episode's seed: picks the profile (:func:`choose_profile`) and
-            shifts a schedule's switches (:meth:`NetworkSchedule.for_episode`).
-
-    Returns:
-        A :class:`~commgym.env.net.NetworkSchedule` (one entry for a fixed spec or a
-        profile; ``spec_at(elapsed_training_s)`` gives the link in force), or ``None``
-        for an unshaped link.
-    """
-    if network is None:
-        return None
-    from commgym.env.net import NetworkSchedule, choose_profile
-
-    kind, value = network
-    if kind == "schedule":
-        return value.for_episode(episode_seed)
-    spec = value if kind == "fixed" else choose_profile(value, episode_seed)
-    return NetworkSchedule.parse(spec)
-
-
-def _parse_network(network: Any) -> tuple[str, Any] | None:
-    """Validate the ``network`` option: ``(kind, value)`` with kind fixed/schedule/profiles."""
-    if network is None:
-        return None
-    from commgym.env.net import NetworkSchedule, NetworkSpec
-
-    if isinstance(network, str):
-        return "fixed", NetworkSpec.parse(network)
-    shift_s = 0.0
-    if isinstance(network, dict):
-        keys = set(network)
-        if keys not in ({"profiles"}, {"schedule"}, {"schedule", "shift_s"}):
-            raise ValueError(
-                "network dict must be {'profiles': [...]} or {'schedule': [[t, spec], ...]} "
-                f"with an optional 'shift_s' (seconds) next to 'schedule', got {network!r}"
-            )
-        if "profiles" in network:
-            profiles = [NetworkSpec.parse(p) for p in network["profiles"]]
-            if not profiles:
-                raise ValueError("network profiles must not be empty")
-            return "profiles", profiles
-        shift_s = network.get("shift_s", 0.0)
-        network = network["schedule"]
-    if isinstance(network, list | tuple):
-        return "schedule", NetworkSchedule.parse([tuple(x) for x in network], shift_s)
-    raise ValueError(
-        f"network must be None, a spec string, a schedule list or a profiles dict, got {network!r}"
-    )
 
 
 class FlattenAction(gym.ActionWrapper):

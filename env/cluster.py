@@ -204,6 +204,9 @@ class Cluster:
         self._scratch: Path | None = None
         self._last_log = ""
         self._alive = False
+        #: argv of the (first) torchrun launcher started here; empty before :meth:`start`
+        #: or when the user starts the ranks
+        self.launch_command: list[str] = []
 
     # -- lifecycle ------------------------------------------------------------------
     @property
@@ -273,35 +276,27 @@ class Cluster:
                 }
             )
             worker = ["-m", "commgym.env.worker", "--control", f"{host}:{port}"]
+            if self.network is None:
+                cmd = [
+                    sys.executable, "-m", "torch.distributed.run",
+                    "--standalone", "--nproc-per-node", str(self.world_size),
+                    "--max-restarts", "0", "--monitor-interval", "0.2", *worker,
+                ]  # fmt: skip
+                launches = [(cmd, env)]
+            else:
+                launches = self.network.torchrun_commands(worker, env, rdzv_port=_RDZV_PORT)
+            self.launch_command = list(launches[0][0])
             with open(log, "wb") as out:
-                if self.network is None:
-                    cmd = [
-                        sys.executable, "-m", "torch.distributed.run",
-                        "--standalone", "--nproc-per-node", str(self.world_size),
-                        "--max-restarts", "0", "--monitor-interval", "0.2", *worker,
-                    ]  # fmt: skip
+                for cmd, env_k in launches:
                     self._procs.append(
                         subprocess.Popen(
                             cmd,
-                            env=env,
+                            env=env_k,
                             stdout=out,
                             stderr=subprocess.STDOUT,
                             start_new_session=True,
                         )
                     )
-                else:
-                    for cmd, env_k in self.network.torchrun_commands(
-                        worker, env, rdzv_port=_RDZV_PORT
-                    ):
-                        self._procs.append(
-                            subprocess.Popen(
-                                cmd,
-                                env=env_k,
-                                stdout=out,
-                                stderr=subprocess.STDOUT,
-                                start_new_session=True,
-                            )
-                        )
         conns: list[Connection] = []
         err: list[BaseException] = []
 

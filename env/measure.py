@@ -2,14 +2,15 @@
 
 Every producer of decisions speaks this contract: the env's worker ranks
 (:mod:`commgym.env.worker`), the in-training replay
-(:class:`~commgym.agents.replay.CommScheduler`) and the learned surrogate
+(:class:`~commgym.agents.scheduler.CommScheduler`) and the learned surrogate
 (:class:`~commgym.env.surrogate.SurrogateEnv`). Each rank fills a
 :class:`RankMeasurement` with a :class:`DecisionRecorder` inside its timed loop; the
 records of all ranks become one :class:`DecisionMeasurement`
 (:meth:`DecisionMeasurement.from_ranks`), which the observation builder
 (:class:`~commgym.env.spaces.ObservationBuilder`) reads by field name and which travels
 in ``info["measured"]`` (as :meth:`DecisionMeasurement.to_dict`) to the transition
-recorder, callbacks and logs. A new measured quantity is one new field here.
+recorder, callbacks and logs; they read it back typed with :func:`measurement_from_info`.
+A new measured quantity is one new field here.
 
 Units: times in seconds of wall clock, bytes as counted by the synchronizer (payloads
 handed to collectives by one rank), losses in nats.
@@ -21,26 +22,18 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
-from gymnasium import spaces
-
-if TYPE_CHECKING:
-    from commgym.env.spaces import ActionMenu
+from typing import Any
 
 __all__ = [
     "DECISION_FIELDS",
-    "OBSERVATION_FIELDS",
     "RANK_FIELDS",
     "DecisionMeasurement",
     "DecisionRecorder",
-    "ObservationBuilder",
-    "ObservationField",
     "RankMeasurement",
     "combine_eval",
     "decision_info",
     "effective_bandwidth_gbps",
+    "measurement_from_info",
 ]
 
 
@@ -238,64 +231,6 @@ class DecisionRecorder:
         )
 
 
-@dataclass(frozen=True)
-class ObservationField:
-    """One entry of the observation vector."""
-
-    name: str
-    unit: str
-    low: float
-    high: float
-    description: str
-
-
-#: The observation layout (index = position in the vector). Changing it bumps the env version.
-OBSERVATION_FIELDS: tuple[ObservationField, ...] = (
-    ObservationField(
-        "step_time_s", "s", 0.0, 1e3, "median wall time of one training iteration (slowest rank)"
-    ),
-    ObservationField("comm_wait_frac", "1", 0.0, 1.0, "mean comm-wait time / mean iteration time"),
-    ObservationField("compress_s", "s", 0.0, 1e3, "mean compress+decompress time per iteration"),
-    ObservationField(
-        "log10_bytes_per_step",
-        "log10 B",
-        0.0,
-        15.0,
-        "log10(1 + bytes handed to collectives per iteration)",
-    ),
-    ObservationField(
-        "bandwidth_gbps",
-        "Gbit/s",
-        0.0,
-        1e4,
-        "effective: bytes sent * 8 / time the step waited on communication "
-        "(not the link rate; see effective_bandwidth_gbps)",
-    ),
-    ObservationField(
-        "train_loss", "nats", 0.0, 1e4, "mean training loss over the decision (all ranks)"
-    ),
-    ObservationField("eval_loss", "nats", 0.0, 1e4, "held-out loss of the consensus model"),
-    ObservationField(
-        "loss_change", "log ratio", -20.0, 20.0, "log(eval_loss_prev) - log(eval_loss)"
-    ),
-    ObservationField(
-        "log10_grad_norm", "log10", -20.0, 20.0, "log10 of the aggregated gradient norm"
-    ),
-    ObservationField("grad_norm_rel_change", "1", -10.0, 10.0, "(g - g_prev) / g_prev"),
-    ObservationField(
-        "compression_error", "1", 0.0, 10.0, "||g - g_hat|| / ||g|| of the aggregated gradient"
-    ),
-    ObservationField("compression_index", "1", 0.0, 1.0, "current compression index / (n - 1)"),
-    ObservationField("bucket_index", "1", 0.0, 1.0, "current bucket index / (n - 1)"),
-    ObservationField("period_index", "1", 0.0, 1.0, "current sync-period index / (n - 1)"),
-    ObservationField("elapsed_frac", "1", 0.0, 1.0, "training wall time used / time_budget_s"),
-    ObservationField("world_size", "ranks", 1.0, 1e5, "number of ranks"),
-    ObservationField(
-        "log10_num_params", "log10", 0.0, 15.0, "log10 of the model's parameter count"
-    ),
-)
-
-
 def effective_bandwidth_gbps(bytes_total: float, comm_s: float) -> float:
     """Effective bandwidth of one decision, Gbit/s: ``bytes_total * 8 / comm_s / 1e9``.
 
@@ -318,128 +253,6 @@ def effective_bandwidth_gbps(bytes_total: float, comm_s: float) -> float:
         Gbit/s; 0.0 when nothing was waited on (``comm_s <= 0``).
     """
     return float(bytes_total) * 8 / float(comm_s) / 1e9 if comm_s > 0 else 0.0
-
-
-class ObservationBuilder:
-    """Builds float32 observations from measurements (shared by env, surrogate and replay).
-
-    Non-finite or out-of-range measurements never leak: NaN becomes 0 and everything is
-    clipped to the field's bounds (the raw values stay in ``info``).
-
-    Args:
-        menu: the action menu (gives the action-index normalisation).
-        world_size: number of ranks.
-        num_params: model parameter count.
-    """
-
-    def __init__(self, menu: ActionMenu, world_size: int, num_params: int) -> None:
-        self.menu = menu
-        self.world_size = world_size
-        self.num_params = num_params
-        self.low = np.array([f.low for f in OBSERVATION_FIELDS], dtype=np.float32)
-        self.high = np.array([f.high for f in OBSERVATION_FIELDS], dtype=np.float32)
-        self.space = spaces.Box(self.low, self.high, dtype=np.float32)
-        self.prev_eval_loss = float("nan")
-        self.prev_grad_norm = float("nan")
-
-    def _action_part(self, action: np.ndarray) -> dict[str, float]:
-        nvec = self.menu.nvec
-        return {
-            name: float(a) / max(int(n) - 1, 1)
-            for name, a, n in zip(_ACTION_FIELDS, action, nvec, strict=True)
-        }
-
-    def _finish(self, values: dict[str, float]) -> np.ndarray:
-        assert len(values) == len(_FIELD_NAMES), sorted(set(values) ^ set(_FIELD_NAMES))
-        v = np.array([values[name] for name in _FIELD_NAMES], dtype=np.float64)
-        v[~np.isfinite(v)] = 0.0
-        return np.clip(v, self.low, self.high).astype(np.float32)
-
-    def _static(self) -> dict[str, float]:
-        return {
-            "world_size": float(self.world_size),
-            "log10_num_params": math.log10(max(self.num_params, 1)),
-        }
-
-    def reset(self, eval_loss: float, action: np.ndarray) -> np.ndarray:
-        """Observation at episode start: no timings, only deterministic quantities."""
-        self.prev_eval_loss = eval_loss
-        self.prev_grad_norm = float("nan")
-        values = dict.fromkeys(_FIELD_NAMES, 0.0)
-        values.update(train_loss=eval_loss, eval_loss=eval_loss)
-        values.update(self._action_part(action))
-        values.update(self._static())
-        return self._finish(values)
-
-    def build(
-        self,
-        m: DecisionMeasurement | Mapping[str, Any],
-        action: np.ndarray,
-        elapsed_frac: float,
-    ) -> np.ndarray:
-        """Observation after a decision.
-
-        Args:
-            m: the decision's :class:`DecisionMeasurement` (or its ``to_dict()``).
-            action: the menu indices that were applied.
-            elapsed_frac: training time used / budget.
-        """
-        if isinstance(m, Mapping):
-            m = _DictView(m)
-        step = float(m.step_time_s)
-        iter_mean = float(m.iter_mean_s) or step
-        wait = float(m.comm_wait_s)
-        comm_s = float(m.comm_s)
-        eval_loss = float(m.eval_loss)
-        prev = self.prev_eval_loss
-        g = float(m.grad_norm)
-        err = m.compression_error
-        values = {
-            "step_time_s": step,
-            "comm_wait_frac": wait / iter_mean if iter_mean > 0 else 0.0,
-            "compress_s": float(m.compress_s),
-            "log10_bytes_per_step": math.log10(1.0 + float(m.bytes_per_step)),
-            "bandwidth_gbps": effective_bandwidth_gbps(m.bytes_total, comm_s),
-            "train_loss": float(m.train_loss),
-            "eval_loss": eval_loss,
-            "loss_change": (
-                math.log(max(prev, 1e-8)) - math.log(max(eval_loss, 1e-8))
-                if math.isfinite(prev) and math.isfinite(eval_loss)
-                else 0.0
-            ),
-            "log10_grad_norm": math.log10(g) if g > 0 and math.isfinite(g) else 0.0,
-            "grad_norm_rel_change": (
-                (g - self.prev_grad_norm) / self.prev_grad_norm
-                if self.prev_grad_norm > 0 and math.isfinite(g)
-                else 0.0
-            ),
-            "compression_error": 0.0 if err is None else float(err),
-            "elapsed_frac": elapsed_frac,
-            **self._action_part(action),
-            **self._static(),
-        }
-        self.prev_eval_loss = eval_loss if math.isfinite(eval_loss) else prev
-        self.prev_grad_norm = g if math.isfinite(g) else self.prev_grad_norm
-        return self._finish(values)
-
-
-_FIELD_NAMES = tuple(f.name for f in OBSERVATION_FIELDS)
-_ACTION_FIELDS = ("compression_index", "bucket_index", "period_index")
-
-
-class _DictView:
-    """Attribute access to a measurement mapping (``iter_mean_s`` and the error optional)."""
-
-    def __init__(self, d: Mapping[str, Any]) -> None:
-        self._d = d
-
-    def __getattr__(self, key: str) -> Any:
-        d = self._d
-        if key == "iter_mean_s":
-            return d.get("iter_mean_s", d["step_time_s"])
-        if key == "compression_error":
-            return d.get("compression_error")
-        return d[key]
 
 
 def _mean(values: list[float]) -> float:
@@ -586,3 +399,17 @@ def decision_info(
         "decision": decision,
         "diverged": diverged,
     }
+
+
+def measurement_from_info(info: Mapping[str, Any]) -> DecisionMeasurement | None:
+    """The typed record of a decision step's ``info`` (the one reader of ``info["measured"]``).
+
+    Args:
+        info: the ``info`` of ``env.step`` (:func:`decision_info`'s shape).
+
+    Returns:
+        ``DecisionMeasurement.from_dict(info["measured"])``; ``None`` when the step
+        measured nothing (a failed rank: ``info`` has no ``"measured"``).
+    """
+    measured = info.get("measured")
+    return None if measured is None else DecisionMeasurement.from_dict(measured)

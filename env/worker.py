@@ -27,7 +27,12 @@ Commands (dicts with ``"cmd"``), each answered by exactly one reply dict:
            original would have (the oracle-adaptive search branches at phase boundaries).
 ``allreduce_bench``  time plain fp32 all-reduces of given sizes (network benchmark).
 ``allgather_bench``  time fp32 all-gathers of given total sizes (surrogate prior fit).
+``sync_bench``  torch DDP against the synchronizer, side by side (``commgym bench sync``).
 ``close``  reply and exit.
+
+The benchmark commands (:mod:`commgym.env.rank_bench`) are the worker's benchmark mode:
+every benchmark that needs ranks starts them through :class:`~commgym.env.cluster.Cluster`
+and this module, as the env does.
 """
 
 from __future__ import annotations
@@ -40,7 +45,6 @@ import gc
 import importlib
 import os
 import socket
-import statistics
 import sys
 import time
 import traceback
@@ -53,6 +57,7 @@ import torch.distributed as dist
 from commgym.collectives import CommConfig, GradientSynchronizer
 from commgym.env.cluster import LaunchConfig
 from commgym.env.measure import DecisionRecorder
+from commgym.env.rank_bench import bench_allgather, bench_allreduce, bench_sync
 from commgym.env.stragglers import StragglerDraw, StragglerSpec
 from commgym.env.workloads.shards import shard_indices
 
@@ -311,53 +316,6 @@ class RankRunner:
         return {"type": "drop", "snapshots": len(self._snapshots)}
 
 
-def bench_allreduce(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Time fp32 all-reduces of ``msg["sizes_bytes"]`` (median of ``msg["repeats"]``).
-
-    Used by ``commgym bench netem`` and the network tests: a barrier precedes each timed
-    call so every rank starts together.
-    """
-    out = {}
-    for size in msg["sizes_bytes"]:
-        buf = torch.ones(max(1, int(size) // 4), dtype=torch.float32, device=device)
-        dist.all_reduce(buf)  # warm-up (connections, allocations)
-        times = []
-        for _ in range(int(msg.get("repeats", 3))):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(buf)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-        out[str(int(size))] = statistics.median(times)
-    return {"type": "bench", "seconds": out}
-
-
-def bench_allgather(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Time fp32 all-gathers whose *gathered* size is ``msg["sizes_bytes"]``.
-
-    Each rank contributes ``size / world_size`` bytes; median of ``msg["repeats"]`` timed
-    calls, each after a barrier (as :func:`bench_allreduce`).
-    """
-    world = dist.get_world_size()
-    out = {}
-    for size in msg["sizes_bytes"]:
-        part = max(1, int(size) // 4 // world)
-        buf = torch.ones(part, dtype=torch.float32, device=device)
-        outs = [torch.empty_like(buf) for _ in range(world)]
-        dist.all_gather(outs, buf)  # warm-up
-        times = []
-        for _ in range(int(msg.get("repeats", 3))):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_gather(outs, buf)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-        out[str(int(size))] = statistics.median(times)
-    return {"type": "bench", "seconds": out}
-
-
 def _apply_launch(config: LaunchConfig) -> torch.device:
     """Import the workload modules, set threads and device, join the process group.
 
@@ -432,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         "drop": runner.drop,
         "allreduce_bench": lambda msg: bench_allreduce(msg, device),
         "allgather_bench": lambda msg: bench_allgather(msg, device),
+        "sync_bench": lambda msg: bench_sync(msg, device),
     }
     try:
         while True:

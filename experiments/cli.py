@@ -14,9 +14,13 @@ cleanup`` and the ``bench`` group. Conventions every command keeps:
 * options of config fields are generated, not written here: ``CLI_FIELDS`` in
   :mod:`commgym.experiments.config` holds each field's flag, help and bound, the type is
   the field's annotation (:mod:`commgym.experiments.cli_options`). ``train`` takes every
-  field of the table; ``evaluate``, ``replay`` and ``collect`` name theirs. The command
-  gets the values given as ``overrides`` and resolves one ``RunConfig``; the env runs
-  from its ``env_config``.
+  field of the table; ``evaluate``, ``replay``, ``collect`` and ``leaderboard`` name
+  theirs. The command gets the values given as ``overrides`` and resolves one
+  ``RunConfig``; the env runs from its ``env_config``;
+* a command's own options (``--policy``, ``--steps``, ...) come from a table of the same
+  ``CliField`` entries (:func:`~commgym.experiments.cli_options.own_options`), their type
+  and default from the command's signature: no option is written out by hand. The
+  ``bench`` group is :mod:`commgym.experiments.bench.commands`.
 
 A command in another module reuses the env options (``ENV_OPTIONS``: ``--workload``,
 ``--world-size``, ``--network``, ``--network-strict/--drop-impairments``,
@@ -24,17 +28,15 @@ A command in another module reuses the env options (``ENV_OPTIONS``: ``--workloa
 
     from commgym.experiments.cli import app
     from commgym.experiments.cli_options import CONFIG_HELP, ENV_OPTIONS, config_command
+    from commgym.experiments.cli_options import own_options
+    from commgym.experiments.config import CliField
 
-    @config_command(app, "leaderboard", *ENV_OPTIONS, "seed")
-    def leaderboard_cmd(
-        config: str | None = typer.Option(None, "--config", help=CONFIG_HELP),
-        *,
-        overrides: dict[str, Any],
-    ) -> None:
+    @config_command(app, "my-command", *ENV_OPTIONS, "seed")
+    @own_options({"config": CliField(CONFIG_HELP)})
+    def my_command(config: str | None = None, *, overrides: dict[str, Any]) -> None:
         cfg = load_run_config(config or "default", overrides)  # cfg.env_config
 
-and this module imports that one at its end (``import commgym.experiments.leaderboard``),
-so the command is registered whenever ``app`` is.
+and the module defining it is imported where ``app`` is run, so the command is registered.
 """
 
 from __future__ import annotations
@@ -48,12 +50,17 @@ from typing import Any
 
 import typer
 
+from commgym.experiments.bench.commands import bench_app
 from commgym.experiments.cli_options import (
     CONFIG_HELP,
     ENV_OPTIONS,
     RegistryHelpCommand,
+    comma_list,
     config_command,
+    fail,
+    own_options,
 )
+from commgym.experiments.config import CliField
 
 __all__ = ["COLLECT_OPTIONS", "EVALUATE_OPTIONS", "REPLAY_OPTIONS", "RegistryHelpCommand", "app"]
 
@@ -64,169 +71,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-bench_app = typer.Typer(help="Benchmarks (measured side by side in one run).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
-
-
-@bench_app.command("sync")
-def bench_sync(
-    world_size: int = typer.Option(2, "--world-size", min=2, help="Number of gloo ranks."),
-    steps: int = typer.Option(30, "--steps", min=3, help="Measured steps per configuration."),
-    warmup: int = typer.Option(5, "--warmup", min=0, help="Unmeasured warm-up steps."),
-    bucket_mb: float = typer.Option(
-        25.0, "--bucket-mb", help="Bucket size in MiB for both DDP and commgym."
-    ),
-    model: str = typer.Option(
-        "mlp", "--model", help="Benchmark model: 'mlp' (digits-sized) or 'wide' (~10M params)."
-    ),
-    compressors: str = typer.Option(
-        "none,fp16,bf16,int8,int4,int2,topk:0.01,randomk:0.01,powersgd:4",
-        "--compressors",
-        help="Comma-separated compression specs to measure besides DDP.",
-    ),
-    rounds: int = typer.Option(
-        3, "--rounds", min=1, help="Interleaved repetitions (ratios use all)."
-    ),
-    json_path: str | None = typer.Option(None, "--json", help="Also write results as JSON here."),
-    timeout_s: float | None = typer.Option(
-        None, "--timeout-s", help="Kill the ranks after this many seconds (default: from steps)."
-    ),
-    network: str | None = typer.Option(
-        None,
-        "--network",
-        help="Shape every rank's link (e.g. 1gbit, 100mbit, ethernet-1g; needs root): one "
-        "network namespace and torchrun agent per rank. Default: unshaped loopback.",
-    ),
-    network_strict: bool = typer.Option(
-        True,
-        "--network-strict/--drop-impairments",
-        help="Without the kernel's netem, refuse (default) or drop delay/jitter/loss with a "
-        "warning and keep the rate.",
-    ),
-    sync_period: int = typer.Option(
-        1, "--sync-period", min=1, help="Local-SGD period of ours (reports time per round)."
-    ),
-) -> None:
-    """Torch DDP vs GradientSynchronizer (same model, buckets, gloo ranks) and every compressor."""
-    from commgym.collectives import WorkerFailed
-    from commgym.experiments.bench import run_sync_benchmark
-
-    try:
-        run_sync_benchmark(
-            world_size=world_size,
-            steps=steps,
-            warmup=warmup,
-            bucket_mb=bucket_mb,
-            model=model,
-            compressors=[c.strip() for c in compressors.split(",") if c.strip()],
-            rounds=rounds,
-            json_path=json_path,
-            timeout_s=timeout_s,
-            network=network,
-            network_strict=network_strict,
-            sync_period=sync_period,
-        )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    except (PermissionError, RuntimeError) as exc:  # network emulation unavailable here
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=2) from exc
-    except WorkerFailed as exc:  # already printed with the ranks' output
-        raise typer.Exit(code=1) from exc
-
-
-@bench_app.command("kernels")
-def bench_kernels(
-    sizes_mb: str = typer.Option(
-        "auto",
-        "--sizes-mb",
-        help="Comma-separated buffer sizes in MiB ('auto': 4.5,16 on CPU; 16,64,256 on CUDA).",
-    ),
-    repeats: int = typer.Option(10, "--repeats", min=1, help="Timed repetitions per measurement."),
-    device: str = typer.Option(
-        "auto", "--device", help="'auto' (cuda if available), 'cuda' or 'cpu'."
-    ),
-    threads: int = typer.Option(1, "--threads", min=1, help="torch intra-op threads on CPU."),
-    compare_compile: bool = typer.Option(
-        False, "--compare-compile", help="Also time torch.compile of the int8 quantiser (CPU)."
-    ),
-) -> None:
-    """Time of each compression kernel next to a copy of the same buffer."""
-    from commgym.experiments.bench_kernels import run_kernel_benchmark
-
-    run_kernel_benchmark(
-        sizes_mb=None
-        if sizes_mb == "auto"
-        else [float(s) for s in sizes_mb.split(",") if s.strip()],
-        repeats=repeats,
-        device=device,
-        threads=threads,
-        compare_compile=compare_compile,
-    )
-
-
-@bench_app.command("env")
-def bench_env(
-    workload: str = typer.Option("mlp-digits", "--workload", help="Workload name."),
-    world_size: int = typer.Option(2, "--world-size", min=1, help="Number of gloo ranks."),
-    steps_per_decision: int = typer.Option(
-        10, "--steps-per-decision", min=1, help="Training iterations per env step."
-    ),
-    decisions: int = typer.Option(
-        60, "--decisions", min=4, help="Env steps (the first 3 are warm-up)."
-    ),
-    actions: str = typer.Option(
-        "cycle", "--actions", help="'cycle' (every menu entry in turn) or 'fixed' (DDP default)."
-    ),
-    json_path: str | None = typer.Option(None, "--json", help="Also write results as JSON here."),
-) -> None:
-    """Median env-step wall time vs the ranks' own training time (overhead ratio)."""
-    from commgym.collectives import WorkerFailed
-    from commgym.experiments.bench_env import run_env_benchmark
-
-    try:
-        run_env_benchmark(
-            workload=workload,
-            world_size=world_size,
-            steps_per_decision=steps_per_decision,
-            decisions=decisions,
-            actions=actions,
-            json_path=json_path,
-        )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    except WorkerFailed as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=1) from exc
-
-
-@bench_app.command("netem")
-def bench_netem(
-    profiles: str = typer.Option(
-        "datacenter-25g,cloud-10g,ethernet-1g,wan-100m",
-        "--profiles",
-        help="Profiles or spec strings.",
-    ),
-    world_sizes: str = typer.Option("2,4", "--world-sizes", help="Comma-separated rank counts."),
-    sizes_mb: str = typer.Option(
-        "1,4,16,64", "--sizes-mb", help="Comma-separated buffer sizes in MiB."
-    ),
-    repeats: int = typer.Option(3, "--repeats", min=1),
-    json_path: str | None = typer.Option(None, "--json", help="Also write the rows as JSON."),
-) -> None:
-    """All-reduce bus bandwidth per network profile and world size, vs the configured rate."""
-    from commgym.experiments.bench_netem import run_netem_benchmark
-
-    try:
-        run_netem_benchmark(
-            [p.strip() for p in profiles.split(",") if p.strip()],
-            [int(w) for w in world_sizes.split(",") if w.strip()],
-            [float(m) for m in sizes_mb.split(",") if m.strip()],
-            repeats=repeats,
-            json_path=json_path,
-        )
-    except (RuntimeError, ValueError, PermissionError) as err:
-        _fail(err)
 
 
 netem_app = typer.Typer(
@@ -244,13 +89,6 @@ def netem_cleanup() -> None:
     typer.echo(
         f"removed {len(removed)} leftover(s)" + (": " + ", ".join(removed) if removed else "")
     )
-
-
-def _fail(err: Exception | str) -> None:
-    """One ``error:`` line on stderr, exit status 2."""
-    text = " ".join(str(err).split())  # one line, whatever the exception's text holds
-    typer.secho(f"error: {text}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
 
 
 def _check_writable_dir(path: str | os.PathLike[str], what: str) -> None:
@@ -286,14 +124,14 @@ def _check_tracking(uri: str | None) -> None:
     degrade-to-no-op behaviour; on the command line the user asked for that store.)
     """
     from commgym.experiments.tracking.store import (
-        _is_remote,
-        _probe_server,
         default_tracking_uri,
+        is_remote,
+        probe_server,
     )
 
     uri = uri or default_tracking_uri()
-    if _is_remote(uri):
-        err = _probe_server(uri, 3.0)
+    if is_remote(uri):
+        err = probe_server(uri, 3.0)
         if err is not None:
             raise ValueError(
                 f"MLflow tracking server {uri} is unreachable ({err}); start it, or omit "
@@ -325,12 +163,15 @@ EVALUATE_OPTIONS: tuple[str, ...] = (
 )  # fmt: skip
 
 
+#: ``--config`` of the commands that start from a scenario.
+_CONFIG = CliField(CONFIG_HELP)
+#: ``--policy`` of ``evaluate`` and ``replay``.
+_POLICY = CliField("Policy file saved by `commgym train`, or static:<preset>.")
+
+
 @config_command(app, "train")  # every field of CLI_FIELDS
-def train_cmd(
-    config: str | None = typer.Option(None, "--config", help=CONFIG_HELP),
-    *,
-    overrides: dict[str, Any],
-) -> None:
+@own_options({"config": _CONFIG})
+def train_cmd(config: str | None = None, *, overrides: dict[str, Any]) -> None:
     """Train an agent on real all-reduce runs, save the policy, compare it with the baselines."""
     from commgym.experiments.config import load_run_config
 
@@ -338,24 +179,18 @@ def train_cmd(
         cfg = load_run_config(config or "default", overrides)
         _check_outputs(cfg)
     except (ValueError, FileNotFoundError) as err:
-        _fail(err)
+        fail(err)
     from commgym.experiments.train import train
 
     try:
         train(cfg)
     except (ValueError, FileNotFoundError) as err:
-        _fail(err)
+        fail(err)
 
 
 @config_command(app, "evaluate", *EVALUATE_OPTIONS)
-def evaluate_cmd(
-    policy: str = typer.Option(
-        ..., "--policy", help="Policy file saved by `commgym train`, or static:<preset>."
-    ),
-    config: str | None = typer.Option(None, "--config", help=CONFIG_HELP),
-    *,
-    overrides: dict[str, Any],
-) -> None:
+@own_options({"policy": _POLICY, "config": _CONFIG})
+def evaluate_cmd(policy: str, config: str | None = None, *, overrides: dict[str, Any]) -> None:
     """Compare a saved policy with baselines over the same seeds (mean and 95% interval)."""
     from commgym.experiments.config import load_run_config
 
@@ -364,13 +199,13 @@ def evaluate_cmd(
         _check_policy_file(policy)
         _check_outputs(cfg)
     except (ValueError, FileNotFoundError) as err:
-        _fail(err)
-    from commgym.experiments.train import evaluate
+        fail(err)
+    from commgym.experiments.evaluation import evaluate
 
     try:
         evaluate(cfg, policy)
     except (ValueError, FileNotFoundError) as err:
-        _fail(err)
+        fail(err)
 
 
 def _port_free(port: int) -> bool:
@@ -401,18 +236,21 @@ def _stop_group(proc: Any, timeout_s: float = 10.0) -> None:
             continue
 
 
-@app.command("ui")
-def ui_cmd(
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="Store to browse."),
-    port: int = typer.Option(5000, "--port", help="Port on 127.0.0.1."),
-    workers: int = typer.Option(
-        1,
-        "--workers",
-        min=1,
-        help="Server worker processes. More than one puts uvicorn's supervisor in charge, "
+#: Options of ``commgym ui``.
+UI_OPTIONS = {
+    "tracking_uri": CliField("Store to browse."),
+    "port": CliField("Port on 127.0.0.1."),
+    "workers": CliField(
+        "Server worker processes. More than one puts uvicorn's supervisor in charge, "
         "which restarts workers that take over 5 s to answer: on a busy machine they never do.",
+        min=1,
     ),
-) -> None:
+}
+
+
+@app.command("ui")
+@own_options(UI_OPTIONS)
+def ui_cmd(tracking_uri: str | None = None, port: int = 5000, workers: int = 1) -> None:
     """Start the MLflow UI on 127.0.0.1 against the store the other commands use.
 
     Says when the server answers (its start takes from seconds to minutes on a busy
@@ -428,7 +266,7 @@ def ui_cmd(
 
     uri = tracking_uri or default_tracking_uri()
     if not _port_free(port):
-        _fail(f"port {port} on 127.0.0.1 is in use (another MLflow UI?); choose one with --port")
+        fail(f"port {port} on 127.0.0.1 is in use (another MLflow UI?); choose one with --port")
     cmd = [
         sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
         "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
@@ -447,7 +285,7 @@ def ui_cmd(
                 except OSError:
                     time.sleep(0.5)
         if proc.poll() is not None:
-            _fail(f"the MLflow UI exited with status {proc.returncode} before answering")
+            fail(f"the MLflow UI exited with status {proc.returncode} before answering")
         console.print(f"MLflow UI ready: [bold]{url}[/bold]  (Ctrl-C to stop)")
         rc = proc.wait()
     finally:
@@ -467,16 +305,8 @@ REPLAY_OPTIONS: tuple[str, ...] = (*ENV_OPTIONS, "env.target_loss", "seed", "bas
 
 
 @config_command(app, "replay", *REPLAY_OPTIONS, defaults_from=None)
-def replay_cmd(
-    policy: str = typer.Option(
-        ..., "--policy", help="Policy file saved by `commgym train`, or static:<preset>."
-    ),
-    steps: int | None = typer.Option(
-        None, "--steps", min=1, help="Cap on training iterations per run."
-    ),
-    *,
-    overrides: dict[str, Any],
-) -> None:
+@own_options({"policy": _POLICY, "steps": CliField("Cap on training iterations per run.", min=1)})
+def replay_cmd(policy: str, steps: int | None = None, *, overrides: dict[str, Any]) -> None:
     """Full training run with a saved policy and with the static baselines, side by side.
 
     Loading an SB3 policy file (a pickle) from an untrusted source can execute code.
@@ -488,75 +318,50 @@ def replay_cmd(
         try:
             _check_policy_file(policy)
         except (ValueError, FileNotFoundError) as err:
-            _fail(f"{err}; --policy takes {_REPLAY_POLICY_FORMS}")
+            fail(f"{err}; --policy takes {_REPLAY_POLICY_FORMS}")
     try:
         replay(policy, replay_config(overrides, steps=steps))
     except FileNotFoundError as err:
-        _fail(f"{err}; --policy takes {_REPLAY_POLICY_FORMS}")
+        fail(f"{err}; --policy takes {_REPLAY_POLICY_FORMS}")
     except (ValueError, RuntimeError, CommgymError) as err:
-        _fail(err)
-
-
-@bench_app.command("collectives")
-def bench_collectives_cmd(
-    world_size: int = typer.Option(2, "--world-size", min=2, help="Number of gloo ranks."),
-    sizes_kb: str = typer.Option("4,64,512,4096", "--sizes-kb", help="Comma-separated KiB."),
-    repeats: int = typer.Option(5, "--repeats", min=1, help="Timed calls per size (median)."),
-    json_path: str | None = typer.Option(
-        None, "--json", help="Write the samples here (input of `commgym fit-surrogate`)."
-    ),
-) -> None:
-    """Time all-reduce / all-gather on real ranks and fit the alpha-beta prior."""
-    from commgym.experiments.bench_collectives import run_collectives_benchmark
-
-    try:
-        run_collectives_benchmark(
-            world_size, [float(s) for s in sizes_kb.split(",") if s.strip()], repeats, json_path
-        )
-    except (ValueError, RuntimeError) as err:
-        _fail(err)
-
-
-@bench_app.command("surrogate")
-def bench_surrogate_cmd(
-    model: str = typer.Option(..., "--surrogate", help="Fitted surrogate model file."),
-    steps: int = typer.Option(20000, "--steps", min=100, help="Env steps to time."),
-) -> None:
-    """Env steps per second of commgym/Surrogate-v0 on one core."""
-    from commgym.experiments.bench_collectives import run_surrogate_benchmark
-
-    try:
-        run_surrogate_benchmark(model, steps)
-    except (ValueError, FileNotFoundError) as err:
-        _fail(err)
+        fail(err)
 
 
 #: Options ``commgym collect`` takes from the config (the others are its own).
-COLLECT_OPTIONS: tuple[str, ...] = (*ENV_OPTIONS, "tracking_uri")
+COLLECT_OPTIONS: tuple[str, ...] = (*ENV_OPTIONS, "seed", "tracking_uri")
+
+
+#: The collect command's own options (the seed is the config's ``seed``).
+COLLECT_OWN_OPTIONS = {
+    "config": CliField("Scenario whose env section is recorded (default: default)."),
+    "decisions": CliField("Real decisions to record.", min=1),
+    "policy": CliField("Exploration policy: sticky, random, grid."),
+    "out": CliField("CSV or .parquet."),
+    "bench": CliField("Also time collectives."),
+    "fit": CliField("Also fit a surrogate, save it here."),
+}
 
 
 @config_command(app, "collect", *COLLECT_OPTIONS)
+@own_options(COLLECT_OWN_OPTIONS)
 def collect_cmd(
-    config: str | None = typer.Option(
-        None, "--config", help="Scenario whose env section is recorded (default: default)."
-    ),
-    decisions: int = typer.Option(200, "--decisions", min=1, help="Real decisions to record."),
-    policy: str = typer.Option(
-        "sticky", "--policy", help="Exploration policy: sticky, random, grid."
-    ),
-    seed: int = typer.Option(
-        0, "--seed", help="Seed of the first episode and of the exploration policy."
-    ),
-    out: str = typer.Option("commgym-out/transitions.csv", "--out", help="CSV or .parquet."),
-    bench: bool = typer.Option(True, "--bench/--no-bench", help="Also time collectives."),
-    fit: str | None = typer.Option(None, "--fit", help="Also fit a surrogate, save it here."),
+    config: str | None = None,
+    decisions: int = 200,
+    policy: str = "sticky",
+    out: str = "commgym-out/transitions.csv",
+    bench: bool = True,
+    fit: str | None = None,
     *,
     overrides: dict[str, Any],
 ) -> None:
-    """Record real decisions of a scenario (the surrogate's data), logged to MLflow."""
+    """Record real decisions of a scenario (the surrogate's data), logged to MLflow.
+
+    ``--seed`` (default 0) seeds the first episode and the exploration policy.
+    """
     from commgym.experiments.collect import collect, fit_surrogate
     from commgym.experiments.config import load_run_config
 
+    seed = overrides.get("seed", 0)
     try:
         cfg = load_run_config(config or "default", {**overrides, "env.seed": seed})
         res = collect(
@@ -564,24 +369,31 @@ def collect_cmd(
             bench=bench, tracking_uri=cfg.tracking_uri,
         )  # fmt: skip
     except (ValueError, RuntimeError, FileNotFoundError) as err:
-        _fail(err)
+        fail(err)
     typer.echo(f"{res['decisions']} decisions in {res['seconds']:.1f} s -> {res['path']}")
     if fit:
         fit_surrogate([res["path"]], fit, bench=res["bench_path"], menu=cfg.env_config.menu)
         typer.echo(f"surrogate saved to {fit}")
 
 
+#: Options of ``commgym fit-surrogate``.
+FIT_OPTIONS = {
+    "data": CliField("Comma-separated transition files (CSV/Parquet)."),
+    "out": CliField("Model file."),
+    "bench": CliField("Samples JSON of bench collectives."),
+    "holdout": CliField("Held-out transitions (MAPE, p90 error, Kendall tau per link rate)."),
+    "config": CliField("Scenario the data was collected with (its action menu)."),
+}
+
+
 @app.command("fit-surrogate")
+@own_options(FIT_OPTIONS)
 def fit_surrogate_cmd(
-    data: str = typer.Option(..., "--data", help="Comma-separated transition files (CSV/Parquet)."),
-    out: str = typer.Option("commgym-out/surrogate.joblib", "--out", help="Model file."),
-    bench: str | None = typer.Option(None, "--bench", help="Samples JSON of bench collectives."),
-    holdout: str | None = typer.Option(
-        None, "--holdout", help="Held-out transitions (MAPE, p90 error, Kendall tau per link rate)."
-    ),
-    config: str | None = typer.Option(
-        None, "--config", help="Scenario the data was collected with (its action menu)."
-    ),
+    data: str,
+    out: str = "commgym-out/surrogate.joblib",
+    bench: str | None = None,
+    holdout: str | None = None,
+    config: str | None = None,
 ) -> None:
     """Fit the surrogate (alpha-beta prior + gradient boosting) on recorded transitions."""
     from commgym.env.surrogate import format_holdout_report, holdout_report, read_transitions
@@ -590,10 +402,9 @@ def fit_surrogate_cmd(
 
     try:
         menu = load_run_config(config or "default").env.get("action_menu")
-        files = [d.strip() for d in data.split(",") if d.strip()]
-        model = fit_surrogate(files, out, bench=bench, menu=menu)
+        model = fit_surrogate(comma_list(data), out, bench=bench, menu=menu)
     except (ValueError, FileNotFoundError) as err:
-        _fail(err)
+        fail(err)
     spread = ", ".join(f"{k} {v:.3f}" for k, v in model.residual_std.items())
     typer.echo(f"surrogate saved to {out}\nout-of-fold residual std: {spread}")
     if holdout:
@@ -613,30 +424,33 @@ LEADERBOARD_OPTIONS: tuple[str, ...] = (
 )
 
 
+#: The leaderboard command's own options.
+LEADERBOARD_OWN_OPTIONS = {
+    "scenarios": CliField("Comma-separated scenario files or shipped names: {configs}."),
+    "agents": CliField(
+        "Comma-separated agents: {agents}; SB3 agents (ppo, a2c, dqn) are trained first "
+        "by each scenario's recipe unless --policy-dir holds their policy."
+    ),
+    "seeds": CliField("Evaluation seeds per agent.", min=1),
+    "policy_dir": CliField(
+        "Folder with <scenario>/<agent>/policy.zip policies to load instead of "
+        "training: the --output-dir of an earlier leaderboard."
+    ),
+    "output_dir": CliField("Folder for tables, figures, episodes."),
+}
+
+
 @config_command(app, "leaderboard", *LEADERBOARD_OPTIONS)
+@own_options(LEADERBOARD_OWN_OPTIONS)
 def leaderboard_cmd(
-    scenarios: str = typer.Option(
-        "default,slow-link,changing-link,mixed-links",
-        "--scenarios",
-        help="Comma-separated scenario files or shipped names: {configs}.",
-    ),
-    agents: str = typer.Option(
+    scenarios: str = "default,slow-link,changing-link,mixed-links",
+    agents: str = (
         "ppo,autotune,oracle-static,static:ddp-default,static:fp16-dense,bayesopt,bandit,"
-        "accordion,adacomm",
-        "--agents",
-        help="Comma-separated agents: {agents}; SB3 agents (ppo, a2c, dqn) are trained first "
-        "by each scenario's recipe unless --policy-dir holds their policy.",
+        "accordion,adacomm"
     ),
-    seeds: int = typer.Option(3, "--seeds", min=1, help="Evaluation seeds per agent."),
-    policy_dir: str | None = typer.Option(
-        None,
-        "--policy-dir",
-        help="Folder with <scenario>/<agent>/policy.zip policies to load instead of "
-        "training: the --output-dir of an earlier leaderboard.",
-    ),
-    output_dir: str = typer.Option(
-        "commgym-out/leaderboard", "--output-dir", help="Folder for tables, figures, episodes."
-    ),
+    seeds: int = 3,
+    policy_dir: str | None = None,
+    output_dir: str = "commgym-out/leaderboard",
     *,
     overrides: dict[str, Any],
 ) -> None:
@@ -654,8 +468,8 @@ def leaderboard_cmd(
         if policy_dir is not None and not Path(policy_dir).is_dir():
             raise ValueError(f"--policy-dir {policy_dir!r} is not a folder")
         run_leaderboard(
-            [x.strip() for x in scenarios.split(",") if x.strip()],
-            [x.strip() for x in agents.split(",") if x.strip()],
+            comma_list(scenarios),
+            comma_list(agents),
             seeds,
             output_dir=output_dir,
             tracking_uri=tracking_uri,
@@ -663,7 +477,7 @@ def leaderboard_cmd(
             overrides=overrides,
         )
     except (ValueError, FileNotFoundError, PermissionError) as err:
-        _fail(err)
+        fail(err)
 
 
 class Terminated(KeyboardInterrupt):

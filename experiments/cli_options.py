@@ -1,4 +1,4 @@
-"""Command-line options generated from the typed config (:data:`~.config.CLI_FIELDS`).
+"""Command-line options generated from field tables: no option is written out per command.
 
 A command built with :func:`config_command` gets one option per config field it names
 (all of :data:`~commgym.experiments.config.CLI_FIELDS` when it names none): the flag, help
@@ -18,6 +18,12 @@ after the nesting (``--env.world-size``) and bring a second parser and error for
 The options are built when the command is first parsed or its help shown, not at
 import: the field types live on ``EnvConfig``, whose import loads torch, and
 ``commgym ui`` or ``netem cleanup`` should not pay for it.
+
+A command's own options (``--policy``, ``--steps``, the ``bench`` commands' knobs) come
+from a table of the same :class:`~commgym.experiments.config.CliField` entries through
+:func:`own_options`: the flag, help and bound from the table, the type and default from
+the command's own signature (typed once, where the value is used). :func:`fail` is the one
+way a command reports bad input (one ``error:`` line, exit status 2).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import inspect
 import typing
 from collections.abc import Callable
 from types import UnionType
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from typer.core import TyperCommand
@@ -39,7 +45,10 @@ __all__ = [
     "ConfigCommand",
     "RegistryHelpCommand",
     "config_command",
+    "comma_list",
     "config_option_type",
+    "fail",
+    "own_options",
 ]
 
 #: Help of ``--config`` (a YAML file or a shipped scenario name).
@@ -145,13 +154,76 @@ def _param_name(key: str) -> str:
     return key.replace(".", "__")
 
 
+def _flag(spec: Any, name: str, kind: Any) -> str:
+    """``spec.flag``, else ``--<name>`` (``--<name>/--no-<name>`` for a bool)."""
+    if spec.flag:
+        return spec.flag
+    flag = name.rsplit(".", 1)[-1].replace("_", "-")
+    return f"--{flag}/--no-{flag}" if kind is bool else f"--{flag}"
+
+
 def _declaration(key: str, kind: type) -> str:
     from commgym.experiments.config import CLI_FIELDS
 
-    if CLI_FIELDS[key].flag:
-        return CLI_FIELDS[key].flag  # type: ignore[return-value]
-    flag = key.rsplit(".", 1)[-1].replace("_", "-")
-    return f"--{flag}/--no-{flag}" if kind is bool else f"--{flag}"
+    return _flag(CLI_FIELDS[key], key, kind)
+
+
+def comma_list(text: str, cast: Callable[[str], Any] = str) -> list[Any]:
+    """The comma-separated items of ``text``, stripped, empty ones dropped, each ``cast``."""
+    return [cast(item.strip()) for item in text.split(",") if item.strip()]
+
+
+def fail(err: Exception | str) -> NoReturn:
+    """One ``error:`` line on stderr, exit status 2 (every command's bad-input path)."""
+    text = " ".join(str(err).split())  # one line, whatever the exception's text holds
+    typer.secho(f"error: {text}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def own_options(table: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare a command's own options from a table of :class:`CliField` entries.
+
+    Every parameter of the decorated command (but ``overrides``, which
+    :func:`config_command` fills) becomes the option its table entry describes: flag (or
+    ``--<name>``), help, bound and whether help shows the default; its type and default
+    are the parameter's own (no default: a required option).
+
+    Args:
+        table: parameter name -> ``CliField``; exactly the command's parameters.
+
+    Raises:
+        ValueError: a parameter without an entry, or an entry without a parameter.
+    """
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(func)
+        hints = typing.get_type_hints(func)
+        names = [n for n in sig.parameters if n != "overrides"]
+        if set(names) != set(table):
+            raise ValueError(
+                f"{func.__name__}: options {sorted(set(names) - set(table))} have no table "
+                f"entry, entries {sorted(set(table) - set(names))} no parameter"
+            )
+        params = []
+        for p in sig.parameters.values():
+            if p.name == "overrides":
+                params.append(p)
+                continue
+            spec, kind = table[p.name], hints[p.name]
+            default = ... if p.default is inspect.Parameter.empty else p.default
+            extra = {"min": spec.min} if spec.min is not None else {}
+            option = typer.Option(
+                default,
+                _flag(spec, p.name, kind),
+                help=spec.help,
+                show_default=spec.show_default,
+                **extra,
+            )
+            params.append(p.replace(default=option))
+        func.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        return func
+
+    return decorate
 
 
 def _build_options(keys: tuple[str, ...]) -> list[Any]:

@@ -33,21 +33,18 @@ from typing import Any
 import yaml
 from rich.table import Table
 
+from commgym.agents.rollout import Episode
 from commgym.experiments.config import RunConfig, load_run_config
-from commgym.experiments.progress import console
-from commgym.experiments.train import (
-    EpisodeResult,
+from commgym.experiments.evaluation import (
     TrainingCost,
-    _announce,
-    _baseline,
-    _compare,
-    _make_env,
-    _sim_to_real,
-    _slug,
-    _start_ranks,
-    learn_agent,
-    network_label,
+    compare,
+    mean_pm,
+    prepare_baseline,
+    sim_to_real_gap,
 )
+from commgym.experiments.progress import console
+from commgym.experiments.session import announce, make_env, slug, start_ranks
+from commgym.experiments.train import learn_agent
 
 __all__ = [
     "DEFAULT_AGENTS",
@@ -132,7 +129,7 @@ class LeaderboardEntry:
 
 
 def _entry(
-    scenario: str, name: str, role: str, eps: list[EpisodeResult], budget_s: float
+    scenario: str, name: str, role: str, eps: list[Episode], budget_s: float
 ) -> LeaderboardEntry:
     return LeaderboardEntry(
         scenario=scenario,
@@ -190,7 +187,7 @@ def _learned(
     """Load ``<policy_dir>/<agent>/policy.zip`` if it exists, else train by the recipe."""
     from commgym.agents import load_agent
 
-    saved = None if policy_dir is None else policy_dir / _slug(name) / "policy.zip"
+    saved = None if policy_dir is None else policy_dir / slug(name) / "policy.zip"
     if saved is not None and saved.is_file():
         agent = load_agent(saved, env=env)
         cost = TrainingCost(wall_s=math.nan)
@@ -199,7 +196,7 @@ def _learned(
             cost = TrainingCost(**json.loads(record.read_text()))
         console.print(f"{name}: loaded {saved} (training cost as recorded: {cost.wall_s:.1f} s)")
         return agent, cost, None
-    agent_out = out / _slug(name)
+    agent_out = out / slug(name)
     agent_out.mkdir(parents=True, exist_ok=True)
     agent, cost, surrogate = learn_agent(cfg, env, parent, agent_out, prefix=f"{prefix}/")
     (agent_out / "policy.cost.json").write_text(json.dumps(asdict(cost), indent=1))
@@ -216,15 +213,6 @@ def _speedups(entries: list[LeaderboardEntry]) -> None:
         for ref in REFERENCES:
             if ref in by_name:
                 e.speedup[ref] = by_name[ref].time_to_target_mean_s / e.time_to_target_mean_s
-
-
-def _fmt_pm(values: list[float], fmt: str) -> str:
-    from commgym.experiments.plots import mean_ci
-
-    mean, half, n = mean_ci(values)
-    if not math.isfinite(mean):
-        return "-"
-    return f"{mean:{fmt}}" if n < 2 or not math.isfinite(half) else f"{mean:{fmt}} ± {half:{fmt}}"
 
 
 #: Columns of the per-scenario table (CSV, Markdown and the terminal).
@@ -258,11 +246,11 @@ def _row(e: LeaderboardEntry) -> list[str]:
     label += " (learned)" if e.role == "learned" else ""
     return [
         label,
-        _fmt_pm(e.time_to_target_s, ".2f"),
+        mean_pm(e.time_to_target_s, ".2f"),
         f"{sum(e.reached)}/{len(e.reached)}",
         speed("static:ddp-default"),
         speed("autotune"),
-        _fmt_pm(e.final_eval_loss, ".4f"),
+        mean_pm(e.final_eval_loss, ".4f"),
         f"{statistics.fmean(e.final_eval_acc):.3f}",
         f"{statistics.fmean(e.bytes_per_step):,.0f}",
         cost,
@@ -272,7 +260,7 @@ def _row(e: LeaderboardEntry) -> list[str]:
 def _title(cfg: RunConfig, scenario: str, seeds: int) -> str:
     env = cfg.env_config
     return (
-        f"{scenario}: {env.workload}, {env.world_size} ranks, {network_label(env.network)}, "
+        f"{scenario}: {env.workload}, {env.world_size} ranks, {env.network_plan.label()}, "
         f"{seeds} seeds, target held-out loss {env.target_loss}, budget {env.time_budget_s} s"
     )
 
@@ -280,7 +268,7 @@ def _title(cfg: RunConfig, scenario: str, seeds: int) -> str:
 def _write_tables(
     scenario: str, title: str, entries: list[LeaderboardEntry], out: Path
 ) -> tuple[Path, Path]:
-    csv_path = out / f"leaderboard-{_slug(scenario)}.csv"
+    csv_path = out / f"leaderboard-{slug(scenario)}.csv"
     with csv_path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(
@@ -302,7 +290,7 @@ def _write_tables(
                         e.cost_real_decisions,
                     ]
                 )  # fmt: skip
-    md_path = out / f"leaderboard-{_slug(scenario)}.md"
+    md_path = out / f"leaderboard-{slug(scenario)}.md"
     lines = [f"**{title}**", "", "| " + " | ".join(COLUMNS) + " |"]
     lines.append("|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 1)) + "|")
     lines += ["| " + " | ".join(_row(e)) + " |" for e in entries]
@@ -332,8 +320,8 @@ def _static_ranking(agent: Any, scenario: str, out: Path) -> Path | None:
     ranking = getattr(agent, "ranking", None)
     if not ranking:
         return None
-    path = out / f"static-entries-{_slug(scenario)}.csv"
-    rows = [asdict(r) for r in ranking]
+    path = out / f"static-entries-{slug(scenario)}.csv"
+    rows = [r.to_dict(json_safe=False) for r in ranking]
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
@@ -416,7 +404,7 @@ def run_leaderboard(
     out.mkdir(parents=True, exist_ok=True)
     policies = None if policy_dir is None else Path(policy_dir)
     tracker = Tracker(tracking_uri, experiment=experiment)
-    _announce(tracker)
+    announce(tracker)
     board: dict[str, list[LeaderboardEntry]] = {}
     markdown: list[str] = []
     figures: list[Path] = []
@@ -432,38 +420,38 @@ def run_leaderboard(
         parent.log_text(" ".join(sys.argv), "command_line.txt")
         for scenario, cfg in configs.items():
             t_scenario = time.perf_counter()
-            s_out = out / _slug(scenario)
+            s_out = out / slug(scenario)
             s_out.mkdir(parents=True, exist_ok=True)
             (s_out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-            parent.log_artifact(s_out / "config.yaml", artifact_path=_slug(scenario))
+            parent.log_artifact(s_out / "config.yaml", artifact_path=slug(scenario))
             console.rule(f"scenario {scenario}")
-            env = _make_env(cfg)
+            env = make_env(cfg)
             surrogates: list[Any] = []
             try:
-                _start_ranks(cfg, env)
+                start_ranks(cfg, env)
                 built: dict[str, Any] = {}
                 costs: dict[str, TrainingCost] = {}
                 for name in agents:
                     if _role(name) == "learned":
                         lcfg = _scenario_config(files[scenario], {**base, "agent": name})
-                        sub = None if policies is None else policies / _slug(scenario)
+                        sub = None if policies is None else policies / slug(scenario)
                         agent, cost, sur = _learned(
-                            name, lcfg, env, parent, s_out, sub, f"{_slug(scenario)}/{_slug(name)}"
+                            name, lcfg, env, parent, s_out, sub, f"{slug(scenario)}/{slug(name)}"
                         )
                         if sur is not None:
                             surrogates.append((name, sur))
                     else:
-                        agent, cost = _baseline(name, env, cfg)
+                        agent, cost = prepare_baseline(name, env, cfg)
                         path = _static_ranking(agent, scenario, s_out)
                         if path is not None:
-                            parent.log_artifact(path, artifact_path=_slug(scenario))
+                            parent.log_artifact(path, artifact_path=slug(scenario))
                     built[name], costs[name] = agent, cost
-                results, figs = _compare(
+                results, figs = compare(
                     cfg, env, built, tracker, parent.run_id, s_out, scenario=scenario
                 )
                 for sname, sur in surrogates:
-                    _sim_to_real(cfg, sur, built[sname], results[sname], parent,
-                                 prefix=f"{_slug(scenario)}/{_slug(sname)}/")  # fmt: skip
+                    sim_to_real_gap(cfg, sur, built[sname], results[sname], parent,
+                                 prefix=f"{slug(scenario)}/{slug(sname)}/")  # fmt: skip
             finally:
                 env.close()
                 for _, sur in surrogates:
@@ -495,12 +483,12 @@ def run_leaderboard(
                 "final eval loss (nats)": {e.agent: e.final_eval_loss for e in entries},
                 "bytes per step (B)": {e.agent: e.bytes_per_step for e in entries},
             }
-            bars = comparison_plot(panels, None, out / f"leaderboard-{_slug(scenario)}.png")
+            bars = comparison_plot(panels, None, out / f"leaderboard-{slug(scenario)}.png")
             for path in (csv_path, md_path, bars, *figs):
-                parent.log_artifact(path, artifact_path=_slug(scenario))
+                parent.log_artifact(path, artifact_path=slug(scenario))
             figures += [bars, *figs]
             for i, e in enumerate(entries):
-                key = f"leaderboard/{_slug(scenario)}/{_slug(e.agent)}"
+                key = f"leaderboard/{slug(scenario)}/{slug(e.agent)}"
                 parent.log_metrics(
                     {
                         f"{key}/time_to_target_mean_s": e.time_to_target_mean_s,
@@ -520,5 +508,5 @@ def run_leaderboard(
         summary.write_text("\n".join(markdown))
         parent.log_artifact(summary)
     console.print(f"leaderboard: [bold]{summary}[/bold]; figures and episodes under {out}/")
-    _announce(tracker)
+    announce(tracker)
     return board

@@ -205,7 +205,7 @@ def _training_time(rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, list[
 
 def _bandwidth_gbps(row: Mapping[str, Any]) -> float:
     """Effective bandwidth of one decision row, Gbit/s (the observation's definition)."""
-    from commgym.env.spaces import effective_bandwidth_gbps
+    from commgym.env.measure import effective_bandwidth_gbps
 
     b, t = _num(row.get("bytes_total")), _num(row.get("comm_s"))
     return effective_bandwidth_gbps(b, t) if math.isfinite(b) and math.isfinite(t) else math.nan
@@ -256,7 +256,7 @@ def action_timeline_figure(
         ax_cfg.scatter(x, y_cfg + offset, color=color, s=14, zorder=3)
         ax_loss.plot(x, loss, marker=".", color=color, label=label or None)
         ax_bw.plot(x, bw, marker=".", color=color)
-        link = np.array([_num(r.get("link_gbps")) for r in run], dtype=np.float64)
+        link = np.array([_num(r.get("link_rate_gbps")) for r in run], dtype=np.float64)
         if np.isfinite(link).any():  # the configured rate, where the link is emulated
             ax_bw.step(x, link, where="pre", color=color, ls="--", lw=1, alpha=0.7)
             link_drawn = True
@@ -303,7 +303,7 @@ def action_timeline_plot(
     end to end, with dotted lines at episode boundaries): the chosen configuration as a
     categorical step plot, ``eval_loss`` (log scale when positive) with the target as a
     dashed line, and the effective bandwidth ``bytes_total * 8 / comm_s`` in Gbit/s
-    (:func:`commgym.env.spaces.effective_bandwidth_gbps`, the observation's definition).
+    (:func:`commgym.env.measure.effective_bandwidth_gbps`, the observation's definition).
     Several runs (e.g. one per seed) are drawn over each other, one colour each.
 
     Args:
@@ -311,7 +311,7 @@ def action_timeline_plot(
             <commgym.experiments.tracking.TrackingWrapper>` or ``decisions.csv`` read
             with ``csv.DictReader``; or a mapping run label (``"seed 1000"``) -> such
             rows. Keys used: ``train_time_s`` (cumulative in the episode), ``config``,
-            ``eval_loss``, ``bytes_total`` and ``comm_s``; optional ``link_gbps`` (the
+            ``eval_loss``, ``bytes_total`` and ``comm_s``; optional ``link_rate_gbps`` (the
             configured link rate of an emulated network, drawn dashed in the bandwidth
             panel). Missing or non-numeric values are NaN.
         path: output PNG path (parent directories are created).

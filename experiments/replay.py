@@ -10,9 +10,10 @@ Why the environment and not ``torchrun`` of the example script per agent: the en
 measured path the policy was trained and evaluated on (same ranks, same network
 emulation, same definitions of training time and time-to-target, the same
 ``DecisionMeasurement`` + ``ObservationBuilder`` code that
-:class:`~commgym.agents.replay.CommScheduler` uses inside a user's job), the ranks are
-launched once for all agents, and the results come back as ``EpisodeResult`` rows that
-``commgym train`` / ``commgym evaluate`` already print. The example script
+:class:`~commgym.agents.scheduler.CommScheduler` uses inside a user's job), the ranks are
+launched once for all agents, and every run is the one rollout
+(:func:`~commgym.agents.rollout.rollout`), whose :class:`~commgym.agents.rollout.Episode`
+records ``commgym train`` / ``commgym evaluate`` already print. The example script
 (``experiments/examples/train_with_scheduler.py``) shows the same policy inside a user's
 own loop.
 
@@ -32,9 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from commgym.agents.replay import is_policy_file
+from commgym.agents.rollout import Episode, rollout
+from commgym.agents.scheduler import is_policy_file
 from commgym.experiments.config import RunConfig
-from commgym.experiments.train import EpisodeResult, console, run_episode
+from commgym.experiments.evaluation import TrainingClock, print_table
+from commgym.experiments.progress import console, phase
+from commgym.experiments.session import start_ranks
 
 __all__ = ["replay", "replay_config"]
 
@@ -55,19 +59,10 @@ class _TimedPolicy:
 
 def _replay_one(
     env: Any, agent: Any, seed: int, label: str, target: float | None, budget_s: float
-) -> EpisodeResult:
+) -> Episode:
     """One full run under a progress bar counted in training seconds of the budget."""
-    from commgym.experiments.progress import phase
-
-    done = [0.0]
-
-    def tick(info: dict[str, Any]) -> None:
-        t = float(info.get("train_time_s", done[0]))
-        adv(max(t - done[0], 0.0))
-        done[0] = max(t, done[0])
-
     with phase(f"replaying {label} (seed {seed})", budget_s, unit="s of training") as adv:
-        return run_episode(env, agent, seed, label, target, on_step=tick)
+        return rollout(env, agent, seed, target_loss=target, on_step=TrainingClock(adv))
 
 
 def replay_config(
@@ -109,7 +104,7 @@ def replay_config(
     return load_run_config(None, {"agent": "static", "episodes": 1, **given})
 
 
-def replay(policy: str | Path, config: RunConfig | None = None) -> dict[str, EpisodeResult]:
+def replay(policy: str | Path, config: RunConfig | None = None) -> dict[str, Episode]:
     """Run the policy and the baselines for one full training run each; print the table.
 
     Args:
@@ -121,7 +116,7 @@ def replay(policy: str | Path, config: RunConfig | None = None) -> dict[str, Epi
             with the policy (``config.baselines``).
 
     Returns:
-        ``EpisodeResult`` by agent label (the policy first).
+        The :class:`~commgym.agents.rollout.Episode` by agent label (the policy first).
 
     Raises:
         ValueError: the policy was trained for another action menu / observation layout
@@ -134,13 +129,12 @@ def replay(policy: str | Path, config: RunConfig | None = None) -> dict[str, Epi
 
     import commgym.env  # noqa: F401 - registers the env
     from commgym.agents import load_agent, make_agent
-    from commgym.experiments.train import _print_table, _start_ranks
 
     cfg = replay_config() if config is None else config
     env_cfg, seed, baselines = cfg.env_config, cfg.seed, cfg.baselines
     target_loss, time_budget_s = env_cfg.target_loss, env_cfg.time_budget_s
     env = gym.make("commgym/AllReduce-v0", config=env_cfg)
-    results: dict[str, EpisodeResult] = {}
+    results: dict[str, Episode] = {}
     try:
         if is_policy_file(policy):
             agent, label = load_agent(policy, env=env.unwrapped), f"policy ({Path(policy).name})"
@@ -150,19 +144,19 @@ def replay(policy: str | Path, config: RunConfig | None = None) -> dict[str, Epi
         agents: dict[str, Any] = {label: timed}
         for name in baselines:
             agents[name] = make_agent(name, env.unwrapped, seed=seed)
-        _start_ranks(cfg, env)  # says which network the ranks run on
+        start_ranks(cfg, env)  # says which network the ranks run on
         for label, a in agents.items():
             results[label] = _replay_one(env, a, seed, label, target_loss, time_budget_s)
     finally:
         env.close()
-    _print_table({k: [v] for k, v in results.items()}, cfg, show_return=target_loss is not None)
+    print_table({k: [v] for k, v in results.items()}, cfg, show_return=target_loss is not None)
     if target_loss is None:
         console.print(
             "no --target-loss: runs went to the time budget, so no time to target and no "
             "return are shown; compare final loss, or set --target-loss (e.g. 0.2 for mlp-digits)"
         )
     for label, res in results.items():
-        configs = [r["config"] for r in res.rows]
+        configs = [step.config for step in res.steps]
         changes = sum(a != b for a, b in itertools.pairwise(configs))
         console.print(
             f"{label}: {res.decisions} decisions, {res.train_time_s:.2f} s training, "

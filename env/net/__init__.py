@@ -1,5 +1,9 @@
 """Network emulation for emulated multi-node clusters: namespaces, a bridge and tc shaping.
 
+What network an env runs on (link specs, profiles, schedules and the :class:`NetworkPlan`
+parsed once from an env's ``network`` option) is :mod:`commgym.env.net.plan`; how it is
+built on one host is the rest of this package.
+
 An :class:`EmulatedNetwork` builds a star topology on one Linux host::
 
             root namespace
@@ -58,17 +62,28 @@ can be emulated.
 
 from commgym.env.net.emulated import EmulatedNetwork
 from commgym.env.net.host import delay_available, netem_available, tbf_burst_bytes
+from commgym.env.net.plan import (
+    PROFILES,
+    UNSHAPED_LINK_GBPS,
+    NetworkPlan,
+    NetworkSchedule,
+    NetworkSpec,
+    choose_profile,
+    link_rate_gbps,
+)
 from commgym.env.net.records import cleanup_leftovers
-from commgym.env.net.spec import PROFILES, NetworkSchedule, NetworkSpec, choose_profile
 
 __all__ = [
     "PROFILES",
+    "UNSHAPED_LINK_GBPS",
     "EmulatedNetwork",
+    "NetworkPlan",
     "NetworkSchedule",
     "NetworkSpec",
     "choose_profile",
     "cleanup_leftovers",
     "delay_available",
+    "link_rate_gbps",
     "netem_available",
     "tbf_burst_bytes",
 ]

@@ -14,16 +14,16 @@ import weakref
 from pathlib import Path
 
 from commgym.env.net.host import (
-    _PREFIX_RE,
-    _STATE_DIR,
-    _check_privileges,
-    _check_tools,
-    _probe,
-    _run,
+    PREFIX_RE,
+    STATE_DIR,
+    check_privileges,
+    check_tools,
+    probe_host,
+    run_tool,
     tbf_burst_bytes,
 )
-from commgym.env.net.records import _pick_subnet, _proc_start_time, _state_lock
-from commgym.env.net.spec import NetworkSpec
+from commgym.env.net.plan import NetworkSpec
+from commgym.env.net.records import pick_subnet, proc_start_time, state_lock
 
 # ------------------------------------------------------------------------ the topology
 
@@ -33,16 +33,16 @@ def _teardown(name: str, world_size: int, owner_pid: int) -> None:
     if os.getpid() != owner_pid:  # a forked child must not tear down its parent's network
         return
     for k in range(world_size):
-        _run(["ip", "netns", "del", f"{name}-r{k}"], check=False)
+        run_tool(["ip", "netns", "del", f"{name}-r{k}"], check=False)
     for k in range(world_size):
         if Path(f"/sys/class/net/{name}-v{k}").exists():
-            _run(["ip", "link", "del", f"{name}-v{k}"], check=False)
+            run_tool(["ip", "link", "del", f"{name}-v{k}"], check=False)
         if Path(f"/sys/class/net/{name}-p{k}").exists():
-            _run(["ip", "link", "del", f"{name}-p{k}"], check=False)
+            run_tool(["ip", "link", "del", f"{name}-p{k}"], check=False)
     if Path(f"/sys/class/net/{name}-br").exists():
-        _run(["ip", "link", "del", f"{name}-br"], check=False)
+        run_tool(["ip", "link", "del", f"{name}-br"], check=False)
     with contextlib.suppress(OSError):
-        (_STATE_DIR / f"{name}.json").unlink()
+        (STATE_DIR / f"{name}.json").unlink()
 
 
 class EmulatedNetwork:
@@ -88,7 +88,7 @@ class EmulatedNetwork:
         if not isinstance(world_size, int) or not 1 <= world_size <= 253:
             raise ValueError(f"world_size must be an int in 1..253, got {world_size!r}")
         prefix = "cg" if name_prefix is None else name_prefix
-        if not _PREFIX_RE.fullmatch(prefix):
+        if not PREFIX_RE.fullmatch(prefix):
             raise ValueError(
                 f"name_prefix must be 1-3 lowercase letters/digits starting with a letter "
                 f"(interface names are limited to 15 characters), got {prefix!r}"
@@ -96,13 +96,13 @@ class EmulatedNetwork:
         if not 576 <= mtu <= 65535:
             raise ValueError(f"mtu must be in 576..65535, got {mtu}")
         spec = NetworkSpec.parse(spec)
-        problem = _check_tools()
+        problem = check_tools()
         if problem:
             raise RuntimeError(problem)
-        problem = _check_privileges()
+        problem = check_privileges()
         if problem:
             raise PermissionError(problem)
-        features = _probe()
+        features = probe_host()
         if not features.ok:
             raise RuntimeError(f"network emulation is unavailable: {features.reason}")
         self.world_size = world_size
@@ -116,16 +116,16 @@ class EmulatedNetwork:
         self._closed = False
         self._finalizer = weakref.finalize(self, _teardown, self.name, world_size, os.getpid())
         try:
-            with _state_lock():
-                self.subnet = _pick_subnet()
+            with state_lock():
+                self.subnet = pick_subnet()
                 record = {
                     "pid": os.getpid(),
-                    "start_time": _proc_start_time(os.getpid()),
+                    "start_time": proc_start_time(os.getpid()),
                     "subnet": str(self.subnet),
                     "world_size": world_size,
                     "created": time.time(),
                 }
-                (_STATE_DIR / f"{self.name}.json").write_text(json.dumps(record))
+                (STATE_DIR / f"{self.name}.json").write_text(json.dumps(record))
                 self._create_bridge()
             for k in range(world_size):
                 self._create_rank(k)
@@ -238,8 +238,8 @@ class EmulatedNetwork:
     def qdiscs(self, rank: int) -> tuple[str, str]:
         """Returns ``tc qdisc show`` output of rank ``rank``'s two veths (for debugging)."""
         v, p = self.interfaces(rank)
-        bridge_side = _run(["tc", "qdisc", "show", "dev", v]).stdout
-        ns_side = _run(["tc", "-n", self.namespaces[rank], "qdisc", "show", "dev", p]).stdout
+        bridge_side = run_tool(["tc", "qdisc", "show", "dev", v]).stdout
+        ns_side = run_tool(["tc", "-n", self.namespaces[rank], "qdisc", "show", "dev", p]).stdout
         return bridge_side, ns_side
 
     def close(self) -> None:
@@ -268,7 +268,7 @@ class EmulatedNetwork:
     def _effective(self, spec: NetworkSpec) -> NetworkSpec:
         if self.backend == "netem" or not spec.has_impairments:
             return spec
-        why = _probe().netem_reason
+        why = probe_host().netem_reason
         if self.strict:
             raise RuntimeError(
                 f"network spec {str(spec)!r} asks for delay/jitter/loss but {why}; use a "
@@ -283,7 +283,7 @@ class EmulatedNetwork:
 
     def _create_bridge(self) -> None:
         br = self.bridge_name
-        _run(
+        run_tool(
             [
                 "ip",
                 "link",
@@ -300,14 +300,14 @@ class EmulatedNetwork:
                 "0",
             ]
         )
-        _run(["ip", "addr", "add", f"{self.bridge_address}/24", "dev", br])
-        _run(["ip", "link", "set", br, "up"])
+        run_tool(["ip", "addr", "add", f"{self.bridge_address}/24", "dev", br])
+        run_tool(["ip", "link", "set", br, "up"])
 
     def _create_rank(self, k: int) -> None:
         ns = self.namespaces[k]
         v, p = self.interfaces(k)
-        _run(["ip", "netns", "add", ns])
-        _run(
+        run_tool(["ip", "netns", "add", ns])
+        run_tool(
             [
                 "ip",
                 "link",
@@ -327,11 +327,11 @@ class EmulatedNetwork:
                 ns,
             ]
         )
-        _run(["ip", "link", "set", v, "master", self.bridge_name])
-        _run(["ip", "link", "set", v, "up"])
-        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-        _run(["ip", "-n", ns, "addr", "add", f"{self.ns_address(k)}/24", "dev", p])
-        _run(["ip", "-n", ns, "link", "set", p, "up"])
+        run_tool(["ip", "link", "set", v, "master", self.bridge_name])
+        run_tool(["ip", "link", "set", v, "up"])
+        run_tool(["ip", "-n", ns, "link", "set", "lo", "up"])
+        run_tool(["ip", "-n", ns, "addr", "add", f"{self.ns_address(k)}/24", "dev", p])
+        run_tool(["ip", "-n", ns, "link", "set", p, "up"])
 
     def _tbf_args(self, spec: NetworkSpec) -> list[str]:
         burst = tbf_burst_bytes(spec.rate_bit_s, self.mtu)
@@ -353,8 +353,10 @@ class EmulatedNetwork:
             for tc in (["tc", "qdisc"], ["tc", "-n", ns, "qdisc"]):
                 dev = v if len(tc) == 2 else p
                 if self.backend == "netem":
-                    _run([*tc, verb, "dev", dev, "root", "handle", "1:", *self._netem_args(spec)])
-                    _run(
+                    run_tool(
+                        [*tc, verb, "dev", dev, "root", "handle", "1:", *self._netem_args(spec)]
+                    )
+                    run_tool(
                         [
                             *tc,
                             verb,
@@ -368,4 +370,4 @@ class EmulatedNetwork:
                         ]
                     )
                 else:
-                    _run([*tc, verb, "dev", dev, "root", "handle", "1:", *self._tbf_args(spec)])
+                    run_tool([*tc, verb, "dev", dev, "root", "handle", "1:", *self._tbf_args(spec)])

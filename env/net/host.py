@@ -14,8 +14,8 @@ from pathlib import Path
 
 # --------------------------------------------------------------------------- host checks
 
-_STATE_DIR = Path("/run/commgym-netem")
-_PREFIX_RE = re.compile(r"[a-z][a-z0-9]{0,2}")
+STATE_DIR = Path("/run/commgym-netem")
+PREFIX_RE = re.compile(r"[a-z][a-z0-9]{0,2}")
 _CAP_NET_ADMIN = 12
 _CAP_SYS_ADMIN = 21
 _CMD_TIMEOUT_S = 15.0
@@ -43,7 +43,8 @@ def _effective_caps() -> int:
     return -1 if os.geteuid() == 0 else 0
 
 
-def _check_privileges() -> str | None:
+def check_privileges() -> str | None:
+    """What privilege is missing for network emulation (``None``: root or the capabilities)."""
     caps = _effective_caps()
     missing = [
         name
@@ -59,7 +60,8 @@ def _check_privileges() -> str | None:
     return None
 
 
-def _check_tools() -> str | None:
+def check_tools() -> str | None:
+    """What tool is missing for network emulation (``None``: ``ip`` and ``tc`` are on PATH)."""
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
         return (
@@ -70,9 +72,14 @@ def _check_tools() -> str | None:
     return None
 
 
-def _run(
+def run_tool(
     args: Sequence[str], *, check: bool = True, timeout: float = _CMD_TIMEOUT_S
 ) -> subprocess.CompletedProcess[str]:
+    """Run an ``ip`` / ``tc`` command line (captured text output).
+
+    Raises:
+        RuntimeError: it timed out, or (``check``) exited non-zero; the message quotes it.
+    """
     try:
         proc = subprocess.run(
             list(args), capture_output=True, text=True, timeout=timeout, check=False
@@ -87,7 +94,9 @@ def _run(
 
 
 @dataclasses.dataclass(frozen=True)
-class _Features:
+class HostFeatures:
+    """What :func:`probe_host` found: emulation possible (``ok``), netem there (``netem``)."""
+
     ok: bool
     reason: str
     netem: bool = False
@@ -95,27 +104,30 @@ class _Features:
 
 
 @functools.cache
-def _probe() -> _Features:
-    problem = _check_tools() or _check_privileges()
+def probe_host() -> HostFeatures:
+    """Probe this host once per process: namespaces, veths, a bridge, tbf, netem."""
+    problem = check_tools() or check_privileges()
     if problem:
-        return _Features(False, problem, False, problem)
+        return HostFeatures(False, problem, False, problem)
     ns = f"cg{secrets.token_hex(3)}-probe{os.getpid()}"
     try:
-        proc = _run(["ip", "netns", "add", ns], check=False)
+        proc = run_tool(["ip", "netns", "add", ns], check=False)
         if proc.returncode != 0:
             msg = f"cannot create a network namespace: {proc.stderr.strip()}"
-            return _Features(False, msg, False, msg)
-        proc = _run(
+            return HostFeatures(False, msg, False, msg)
+        proc = run_tool(
             ["ip", "-n", ns, "link", "add", "name", "pa", "type", "veth", "peer", "name", "pb"],
             check=False,
         )
         if proc.returncode != 0:
             msg = f"cannot create a veth pair (CONFIG_VETH?): {proc.stderr.strip()}"
-            return _Features(False, msg, False, msg)
-        proc = _run(["ip", "-n", ns, "link", "add", "name", "pbr", "type", "bridge"], check=False)
+            return HostFeatures(False, msg, False, msg)
+        proc = run_tool(
+            ["ip", "-n", ns, "link", "add", "name", "pbr", "type", "bridge"], check=False
+        )
         if proc.returncode != 0:
             msg = f"cannot create a bridge (CONFIG_BRIDGE?): {proc.stderr.strip()}"
-            return _Features(False, msg, False, msg)
+            return HostFeatures(False, msg, False, msg)
         tbf = [
             "tc",
             "-n",
@@ -135,10 +147,10 @@ def _probe() -> _Features:
             "latency",
             "10ms",
         ]
-        proc = _run(tbf, check=False)
+        proc = run_tool(tbf, check=False)
         if proc.returncode != 0:
             msg = f"kernel lacks the tbf qdisc (CONFIG_NET_SCH_TBF): {proc.stderr.strip()}"
-            return _Features(False, msg, False, msg)
+            return HostFeatures(False, msg, False, msg)
         netem = [
             "tc",
             "-n",
@@ -154,16 +166,16 @@ def _probe() -> _Features:
             "delay",
             "1ms",
         ]
-        proc = _run(netem, check=False)
+        proc = run_tool(netem, check=False)
         if proc.returncode == 0:
-            return _Features(True, "ok: rate, delay, jitter and loss (netem + tbf)", True, "ok")
+            return HostFeatures(True, "ok: rate, delay, jitter and loss (netem + tbf)", True, "ok")
         why = (
             "kernel lacks the netem qdisc (CONFIG_NET_SCH_NETEM; tc: "
             f"{proc.stderr.strip()}): delay, jitter and loss cannot be emulated"
         )
-        return _Features(True, f"ok: rate shaping only (tbf); {why}", False, why)
+        return HostFeatures(True, f"ok: rate shaping only (tbf); {why}", False, why)
     finally:
-        _run(["ip", "netns", "del", ns], check=False)
+        run_tool(["ip", "netns", "del", ns], check=False)
 
 
 def netem_available() -> tuple[bool, str]:
@@ -176,7 +188,7 @@ def netem_available() -> tuple[bool, str]:
     Returns:
         ``(available, message)``; the message says what is missing when unavailable.
     """
-    features = _probe()
+    features = probe_host()
     return features.ok, features.reason
 
 
@@ -186,5 +198,5 @@ def delay_available() -> tuple[bool, str]:
     Returns:
         ``(available, message)``.
     """
-    features = _probe()
+    features = probe_host()
     return features.netem, features.netem_reason

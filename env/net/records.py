@@ -14,12 +14,13 @@ import random
 import re
 from pathlib import Path
 
-from commgym.env.net.host import _PREFIX_RE, _STATE_DIR, _check_privileges, _check_tools, _run
+from commgym.env.net.host import PREFIX_RE, STATE_DIR, check_privileges, check_tools, run_tool
 
 # ------------------------------------------------------------------- owner records/locks
 
 
-def _proc_start_time(pid: int) -> str | None:
+def proc_start_time(pid: int) -> str | None:
+    """Start time of process ``pid`` (``/proc/<pid>/stat``), ``None`` when it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -29,13 +30,14 @@ def _proc_start_time(pid: int) -> str | None:
 
 def _owner_alive(record: dict) -> bool:
     pid = record.get("pid")
-    return isinstance(pid, int) and _proc_start_time(pid) == record.get("start_time")
+    return isinstance(pid, int) and proc_start_time(pid) == record.get("start_time")
 
 
 @contextlib.contextmanager
-def _state_lock():
-    _STATE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(_STATE_DIR / "lock", "w") as fh:
+def state_lock():
+    """Exclusive lock of the owner records' folder (a ``with`` block)."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / "lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -45,9 +47,9 @@ def _state_lock():
 
 def _read_records() -> dict[str, dict]:
     records = {}
-    if not _STATE_DIR.is_dir():
+    if not STATE_DIR.is_dir():
         return records
-    for path in _STATE_DIR.glob("*.json"):
+    for path in STATE_DIR.glob("*.json"):
         try:
             records[path.stem] = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -58,7 +60,7 @@ def _read_records() -> dict[str, dict]:
 def _used_networks() -> list[ipaddress.IPv4Network]:
     used = []
     for args in (["ip", "-o", "-4", "addr", "show"], ["ip", "-4", "route", "show", "table", "all"]):
-        out = _run(args, check=False).stdout
+        out = run_tool(args, check=False).stdout
         for token in re.findall(r"\b(\d+\.\d+\.\d+\.\d+(?:/\d+)?)", out):
             with contextlib.suppress(ValueError):
                 used.append(ipaddress.IPv4Network(token, strict=False))
@@ -68,7 +70,8 @@ def _used_networks() -> list[ipaddress.IPv4Network]:
     return used
 
 
-def _pick_subnet() -> ipaddress.IPv4Network:
+def pick_subnet() -> ipaddress.IPv4Network:
+    """A free private /24 for a new network's bridge (none in use on this host)."""
     used = [n for n in _used_networks() if n.prefixlen > 0 and not n.is_loopback]
     rng = random.SystemRandom()
     for _ in range(1000):
@@ -98,9 +101,9 @@ def cleanup_leftovers(prefix: str = "cg", *, include_live: bool = False) -> list
     Returns:
         Names removed (namespaces and links; ns-side veths vanish with their namespace).
     """
-    if not _PREFIX_RE.fullmatch(prefix):
+    if not PREFIX_RE.fullmatch(prefix):
         raise ValueError(f"bad prefix {prefix!r}: 1-3 lowercase letters/digits")
-    problem = _check_tools() or _check_privileges()
+    problem = check_tools() or check_privileges()
     if problem:
         raise PermissionError(problem)
     group = re.escape(prefix) + r"[0-9a-f]{6}"
@@ -108,16 +111,16 @@ def cleanup_leftovers(prefix: str = "cg", *, include_live: bool = False) -> list
     link_re = re.compile(rf"({group})-(?:br|v\d{{1,4}}|p\d{{1,4}})")
     found: dict[str, list[tuple[str, str]]] = {}
     removed: list[str] = []
-    for line in _run(["ip", "netns", "list"]).stdout.splitlines():
+    for line in run_tool(["ip", "netns", "list"]).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
         m = ns_re.fullmatch(name)
         if m and m.group(2):  # a probe namespace: its owner pid is in the name
-            if include_live or _proc_start_time(int(m.group(2))) is None:
-                if _run(["ip", "netns", "del", name], check=False).returncode == 0:
+            if include_live or proc_start_time(int(m.group(2))) is None:
+                if run_tool(["ip", "netns", "del", name], check=False).returncode == 0:
                     removed.append(name)
         elif m:
             found.setdefault(m.group(1), []).append(("netns", name))
-    for line in _run(["ip", "-o", "link", "show"]).stdout.splitlines():
+    for line in run_tool(["ip", "-o", "link", "show"]).stdout.splitlines():
         m = re.match(r"\d+:\s+([^:@\s]+)", line)
         if m and link_re.fullmatch(m.group(1)):
             found.setdefault(link_re.fullmatch(m.group(1)).group(1), []).append(
@@ -132,16 +135,16 @@ def cleanup_leftovers(prefix: str = "cg", *, include_live: bool = False) -> list
         order = {"netns": 0, "link": 1}
         for kind, name in sorted(items, key=lambda i: (order[i[0]], i[1].endswith("-br"))):
             if kind == "netns":
-                proc = _run(["ip", "netns", "del", name], check=False)
+                proc = run_tool(["ip", "netns", "del", name], check=False)
             else:
                 if not Path(f"/sys/class/net/{name}").exists():
                     removed.append(name)  # vanished with its namespace's peer
                     continue
-                proc = _run(["ip", "link", "del", name], check=False)
+                proc = run_tool(["ip", "link", "del", name], check=False)
             if proc.returncode == 0:
                 removed.append(name)
         with contextlib.suppress(OSError):
-            (_STATE_DIR / f"{group_name}.json").unlink()
+            (STATE_DIR / f"{group_name}.json").unlink()
     # owner records of dead processes with nothing left
     for group_name, record in records.items():
         if (
@@ -150,5 +153,5 @@ def cleanup_leftovers(prefix: str = "cg", *, include_live: bool = False) -> list
             and (include_live or not _owner_alive(record))
         ):
             with contextlib.suppress(OSError):
-                (_STATE_DIR / f"{group_name}.json").unlink()
+                (STATE_DIR / f"{group_name}.json").unlink()
     return removed

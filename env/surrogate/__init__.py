@@ -29,6 +29,7 @@ thousands. This package turns real decisions into a simulator (one module per st
    source can execute arbitrary code. Only load files you produced yourself.
 """
 
+from commgym.env.net.plan import UNSHAPED_LINK_GBPS, link_rate_gbps
 from commgym.env.surrogate.env import SurrogateEnv, benchmark_steps
 from commgym.env.surrogate.model import (
     MAX_STREAK,
@@ -44,9 +45,9 @@ from commgym.env.surrogate.model import (
 from commgym.env.surrogate.prior import AlphaBeta, bench_collectives
 from commgym.env.surrogate.record import (
     MEASURED_KEYS,
-    UNSHAPED_LINK_GBPS,
     TransitionRecorder,
-    link_rate_gbps,
+    held_decisions,
+    link_rates,
     read_transitions,
 )
 
@@ -64,8 +65,10 @@ __all__ = [
     "bench_collectives",
     "benchmark_steps",
     "format_holdout_report",
+    "held_decisions",
     "holdout_report",
     "link_rate_gbps",
+    "link_rates",
     "read_transitions",
     "step_time_mape",
     "step_time_noise_floor",

@@ -12,13 +12,9 @@ import numpy as np
 from gymnasium import spaces
 
 from commgym.env.measure import DecisionMeasurement, decision_info
-from commgym.env.spaces import (
-    REWARDS,
-    ObservationBuilder,
-    decision_outcome,
-)
+from commgym.env.net.plan import UNSHAPED_LINK_GBPS, link_rate_gbps
+from commgym.env.spaces import REWARDS, ObservationBuilder, decision_outcome
 from commgym.env.surrogate.model import MAX_STREAK, TIMING, SurrogateModel
-from commgym.env.surrogate.record import UNSHAPED_LINK_GBPS, link_rate_gbps
 
 # -- environment ----------------------------------------------------------------------
 _TIMING_SET = frozenset(TIMING)
@@ -46,14 +42,14 @@ class SurrogateEnv(gym.Env):
     ``"1gbit"``; a schedule ``[[elapsed_training_s, spec], ...]``, optionally as
     ``{"schedule": [...], "shift_s": s}`` with seeded switch shifts; ``{"profiles":
     [...]}`` for a seeded random profile per episode) and resolves them as the real env
-    does (:func:`~commgym.env.allreduce_env.episode_network`: the same episode seed
-    picks the same profile and the same shifted switch times; a schedule switches when
-    the episode's *predicted* training time passes its entry). ``table`` and ``prior``
-    above are those of the link rate in force for the decision
+    does (:meth:`~commgym.env.net.NetworkPlan.for_episode` of ``config.network_plan``: the
+    same episode seed picks the same profile and the same shifted switch times; a schedule
+    switches when the episode's *predicted* training time passes its entry). ``table`` and
+    ``prior`` above are those of the link rate in force for the decision
     (:meth:`SurrogateModel.table_for`); ``info["network"]`` is its spec string, as the
     real env reports it. Only the rate is modelled: delay, jitter and loss of a spec are
-    ignored (with a warning), and a rate outside the fitted ones is
-    extrapolated by the prior's ``8 / R`` wire term (with a warning).
+    ignored (with a warning), and a rate outside the fitted ones is extrapolated by the
+    prior's ``8 / R`` wire term (with a warning).
 
     **Version history** — v0: first release; model format 3: the configured link rate
     is an input and ``network`` is honoured.
@@ -82,7 +78,7 @@ class SurrogateEnv(gym.Env):
         **kwargs: Any,
     ) -> None:
         super().__init__()
-        from commgym.env.allreduce_env import EnvConfig, episode_network
+        from commgym.env.allreduce_env import EnvConfig
 
         if render_mode is not None:
             warnings.warn(f"render_mode {render_mode!r} is not supported; ignored", stacklevel=2)
@@ -116,10 +112,6 @@ class SurrogateEnv(gym.Env):
         self._nvec = nvec
         self._configs = [str(self.menu.decode(np.array(a))) for a in np.ndindex(*nvec)]
         self._actions = [self.menu.decode(np.array(a)).to_dict() for a in np.ndindex(*nvec)]
-        # the real env's resolution of ``network`` (one source of truth for profiles,
-        # schedules and their seeded shifts); imported here as the real env's module
-        # imports this package
-        self._episode_network = episode_network
         self._links: dict[Any, tuple[list[Any], list[float]]] = {}
         self._start_episode(config.seed)
         self._p_div = model.p_diverge.tolist()
@@ -158,7 +150,9 @@ class SurrogateEnv(gym.Env):
 
     def _start_episode(self, episode_seed: int) -> Any:
         """Resolve this episode's link timeline and its first spec (``None``: unshaped)."""
-        self._timeline = self._episode_network(self.config._network, episode_seed)
+        # the real env's resolution of ``network`` (one plan: profiles, schedules and their
+        # seeded shifts)
+        self._timeline = self.config.network_plan.for_episode(episode_seed)
         self._switch_times = [] if self._timeline is None else [t for t, _ in self._timeline]
         self._spec = None if self._timeline is None else self._timeline.spec_at(0.0)
         self._table, self._prior = self._link_tables(self._spec)

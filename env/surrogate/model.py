@@ -9,11 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from commgym.env.net.plan import UNSHAPED_LINK_GBPS
 from commgym.env.spaces import (
     ActionMenu,
 )
 from commgym.env.surrogate.prior import AlphaBeta
-from commgym.env.surrogate.record import UNSHAPED_LINK_GBPS, _link_rates, _streak
+from commgym.env.surrogate.record import held_decisions, link_rates
 
 #: Version of the saved model layout (:meth:`SurrogateModel.save`); others are refused.
 #: 3: the configured link rate is an input (prior wire term and ``log(rate)`` feature).
@@ -50,7 +51,7 @@ class SurrogateModel:
     Fit with :meth:`fit` on recorded transitions; save/load one joblib file.
 
     The configured link rate ``R`` (Gbit/s, the transitions' ``link_rate_gbps``;
-    :data:`~commgym.env.surrogate.record.UNSHAPED_LINK_GBPS` for unshaped links) enters
+    :data:`~commgym.env.net.UNSHAPED_LINK_GBPS` for unshaped links) enters
     twice: the prior's per-byte cost is ``beta + 8 / R`` (:class:`AlphaBeta`), so
     communication time scales with ``1 / R`` on rates never recorded, and the learned
     correction sees ``log(R)`` (what the prior misses: overlap with backward, the token
@@ -107,7 +108,7 @@ class SurrogateModel:
         """Prior iteration time of each flat action at link rate ``rate_gbps`` (Gbit/s).
 
         ``compute_s + (host + wire_per_byte_s * 8 / R) / sync_period``, seconds; no wire
-        term at :data:`~commgym.env.surrogate.record.UNSHAPED_LINK_GBPS`.
+        term at :data:`~commgym.env.net.UNSHAPED_LINK_GBPS`.
         """
         host, wire = self._comm_terms()
         flat = np.asarray(flat, dtype=np.int64)
@@ -211,12 +212,12 @@ class SurrogateModel:
         first = df[df["decision"] == 1]["prev_eval_loss"].to_numpy(float)
         self.initial_losses = first if len(first) else df["prev_eval_loss"].to_numpy(float)[:1]
         prev = df["prev_eval_loss"].to_numpy(float)
-        rates = _link_rates(df)
+        rates = link_rates(df)
         #: configured link rates of the data, Gbit/s (the correction's fitted range)
         self.link_rates_gbps = tuple(float(r) for r in np.unique(rates))
         #: flat actions with at least one usable transition
         self.seen_actions = frozenset(int(k) for k in np.unique(flat))
-        x = self._features(flat, np.log(np.maximum(prev, 1e-8)), _streak(df), rates)
+        x = self._features(flat, np.log(np.maximum(prev, 1e-8)), held_decisions(df), rates)
         y = self._targets(df, self._prior_s(flat, rates))
         self.regressors = []
         oof = np.zeros_like(y)
@@ -315,8 +316,8 @@ class SurrogateModel:
         acts = df[["a_compression", "a_bucket", "a_period"]].to_numpy(np.int64)
         flat = np.ravel_multi_index(acts.T, nvec)
         prev = df["prev_eval_loss"].to_numpy(float)
-        rates = _link_rates(df)
-        x = self._features(flat, np.log(np.maximum(prev, 1e-8)), _streak(df), rates)
+        rates = link_rates(df)
+        x = self._features(flat, np.log(np.maximum(prev, 1e-8)), held_decisions(df), rates)
         return self._prior_s(flat, rates) * np.exp(self.regressors[0].predict(x))
 
     # persistence ------------------------------------------------------------------
@@ -376,7 +377,7 @@ def step_time_noise_floor(df: Any) -> float:
     """
     df = df[df["step_time_s"].notna()]
     err = []
-    keys = [df["config"].astype(str).to_numpy(), _link_rates(df)]
+    keys = [df["config"].astype(str).to_numpy(), link_rates(df)]
     for _, g in df.groupby(keys):
         t = np.sort(g["step_time_s"].to_numpy(float))
         w = np.cumsum(1.0 / t)
@@ -420,7 +421,7 @@ def holdout_report(model: SurrogateModel, df: Any) -> dict[str, Any]:
     y = df["step_time_s"].to_numpy(float)
     pred = model.predict_step_time(df)
     ape = np.abs(pred - y) / y * 100
-    rates = _link_rates(df)
+    rates = link_rates(df)
     cfg = df["config"].astype(str).to_numpy()
     nvec = tuple(int(n) for n in model.menu.nvec)
     flat = np.ravel_multi_index(

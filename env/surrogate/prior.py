@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from commgym.collectives.spec import COMPRESSORS, CompressionSpec
+from commgym.collectives.compressors import COMPRESSORS, CompressionSpec
 
 
 # -- analytical prior -----------------------------------------------------------------

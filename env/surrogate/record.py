@@ -11,41 +11,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from commgym.env.measure import DECISION_FIELDS
-from commgym.env.spaces import (
-    OBSERVATION_FIELDS,
-)
+from commgym.env.measure import DECISION_FIELDS, measurement_from_info
+from commgym.env.net.plan import UNSHAPED_LINK_GBPS, link_rate_gbps
+from commgym.env.spaces import OBSERVATION_FIELDS
 
 #: ``info["measured"]`` keys copied into every transition row: the scalar fields of
 #: :class:`~commgym.env.measure.DecisionMeasurement`.
 MEASURED_KEYS: tuple[str, ...] = tuple(k for k in DECISION_FIELDS if k != "bucket_bytes")
-
-#: ``link_rate_gbps`` of an unshaped link (``info["network"]`` is ``None``: loopback or a
-#: real cluster's own network). A sentinel far above any emulated rate, so that the
-#: learned correction's ``log(rate)`` feature separates it from every shaped link, and
-#: the prior adds no wire term for it (the fitted host cost is the whole per-byte cost).
-UNSHAPED_LINK_GBPS = 1e4
-
-
-def link_rate_gbps(network: Any) -> float:
-    """Configured link rate, Gbit/s, of an ``info["network"]`` value.
-
-    Args:
-        network: a network spec string (``"1gbit"``, ``"100mbit:5ms"``, a profile name),
-            a :class:`~commgym.env.net.NetworkSpec`, or ``None`` / NaN (unshaped).
-
-    Returns:
-        ``NetworkSpec.parse(network).rate_bit_s / 1e9``; :data:`UNSHAPED_LINK_GBPS` for an
-        unshaped link.
-
-    Raises:
-        ValueError: a malformed spec (from :meth:`NetworkSpec.parse`).
-    """
-    from commgym.env.net import NetworkSpec
-
-    if network is None or (isinstance(network, float) and math.isnan(network)):
-        return UNSHAPED_LINK_GBPS
-    return NetworkSpec.parse(network).rate_bit_s / 1e9
 
 
 class TransitionRecorder(gym.Wrapper):
@@ -136,12 +108,11 @@ class TransitionRecorder(gym.Wrapper):
         row["compression"] = act.get("compression")
         row["bucket_mb"] = act.get("bucket_mb")
         row["sync_period"] = act.get("sync_period")
-        m = info.get("measured")
+        measured = measurement_from_info(info)
         for k in MEASURED_KEYS:
-            v = None if m is None else m.get(k)
-            row[k] = v
-        if m is not None and math.isfinite(float(m["eval_loss"])):
-            self._prev_loss = float(m["eval_loss"])
+            row[k] = None if measured is None else getattr(measured, k)
+        if measured is not None and math.isfinite(float(measured.eval_loss)):
+            self._prev_loss = float(measured.eval_loss)
         self._obs = np.asarray(obs, dtype=np.float64)
         self.rows.append(row)
         if self.flush_every and len(self.rows) % self.flush_every == 0:
@@ -173,14 +144,14 @@ class TransitionRecorder(gym.Wrapper):
         super().close()
 
 
-def _streak(df: Any) -> np.ndarray:
+def held_decisions(df: Any) -> np.ndarray:
     """``held`` column (decisions the configuration has been held); 1 where absent."""
     if "held" not in df:
         return np.ones(len(df))
     return df["held"].fillna(1).to_numpy(float)
 
 
-def _link_rates(df: Any) -> np.ndarray:
+def link_rates(df: Any) -> np.ndarray:
     """Configured link rate per row, Gbit/s: ``link_rate_gbps``, else parsed from ``network``.
 
     Files recorded before the rate column existed are read through their ``network``

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from commgym.env.workloads.registry import Workload, WorkloadData, _cross_entropy, _describe
+from commgym.env.workloads.registry import Workload, WorkloadData, cross_entropy, describe_workload
 
 # --------------------------------------------------------------------------------------
 # charlm: character-level causal transformer on CPython's own standard-library source
@@ -259,7 +259,7 @@ def charlm() -> Workload:
     flops, batch = 6.0 * per_token * t + 12.0 * layers * t * t * d, 16
     return Workload(
         name="charlm",
-        description=_describe(
+        description=describe_workload(
             f"Causal character-level transformer ({layers} layers, d_model {d}, "
             f"{_CHARLM_HEADS} heads, context {t}, vocabulary {v}: printable ASCII + newline "
             f"+ placeholder) on source text of {len(CHARLM_SOURCE_FILES)} modules of this "
@@ -271,7 +271,7 @@ def charlm() -> Workload:
         ),
         build_model=CharTransformer,
         load_data=load_charlm_data,
-        loss_fn=_cross_entropy,
+        loss_fn=cross_entropy,
         default_batch_size=batch,
         default_lr=3e-3,
         optimizer="adam",

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from commgym.env.workloads.registry import Workload, WorkloadData, _cross_entropy, _describe
+from commgym.env.workloads.registry import Workload, WorkloadData, cross_entropy, describe_workload
 
 # --------------------------------------------------------------------------------------
 # Digits (scikit-learn's bundled copy of the UCI optical digits test set)
@@ -87,7 +87,8 @@ def load_digits_images() -> WorkloadData:
     )
 
 
-def _mlp(widths: tuple[int, ...]) -> nn.Sequential:
+def build_mlp(widths: tuple[int, ...]) -> nn.Sequential:
+    """Dense layers ``widths[0] -> ... -> widths[-1]`` with ReLU between them (not after)."""
     layers: list[nn.Module] = []
     for i, (fan_in, fan_out) in enumerate(itertools.pairwise(widths)):
         layers.append(nn.Linear(fan_in, fan_out))
@@ -96,7 +97,8 @@ def _mlp(widths: tuple[int, ...]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def _mlp_params(widths: tuple[int, ...]) -> int:
+def mlp_param_count(widths: tuple[int, ...]) -> int:
+    """Parameters of :func:`build_mlp` ``(widths)``, biases included."""
     return sum(a * b + b for a, b in itertools.pairwise(widths))
 
 
@@ -105,16 +107,16 @@ _MLP_DIGITS_WIDTHS = (64, 128, 128, 10)
 
 def build_mlp_digits() -> nn.Module:
     """MLP 64 -> 128 -> 128 -> 10 with ReLU: input float32 ``(B, 64)``, logits ``(B, 10)``."""
-    return _mlp(_MLP_DIGITS_WIDTHS)
+    return build_mlp(_MLP_DIGITS_WIDTHS)
 
 
 def mlp_digits() -> Workload:
     """``mlp-digits``: 26,122-parameter MLP on sklearn digits; SGD(momentum 0.9) lr 0.05."""
-    params = _mlp_params(_MLP_DIGITS_WIDTHS)
+    params = mlp_param_count(_MLP_DIGITS_WIDTHS)
     flops, batch = 6.0 * params, 32
     return Workload(
         name="mlp-digits",
-        description=_describe(
+        description=describe_workload(
             "MLP 64-128-128-10 (ReLU) on scikit-learn's bundled digits (8x8 greyscale, "
             "10 classes, 1437 train / 360 held-out, stratified, seed 0).",
             params,
@@ -123,7 +125,7 @@ def mlp_digits() -> Workload:
         ),
         build_model=build_mlp_digits,
         load_data=load_digits_data,
-        loss_fn=_cross_entropy,
+        loss_fn=cross_entropy,
         default_batch_size=batch,
         default_lr=0.05,
         optimizer="sgd",
@@ -162,7 +164,7 @@ def cnn_digits() -> Workload:
     flops, batch = 6.0 * ((conv1 + conv2) * 8 * 8 + dense), 32  # convs: 64 output positions
     return Workload(
         name="cnn-digits",
-        description=_describe(
+        description=describe_workload(
             "CNN conv3x3(16)-conv3x3(32)-maxpool-dense(64)-dense(10) on scikit-learn's "
             "bundled digits as 1x8x8 images (same split as mlp-digits).",
             params,
@@ -171,7 +173,7 @@ def cnn_digits() -> Workload:
         ),
         build_model=DigitsCNN,
         load_data=load_digits_images,
-        loss_fn=_cross_entropy,
+        loss_fn=cross_entropy,
         default_batch_size=batch,
         default_lr=0.05,
         optimizer="sgd",

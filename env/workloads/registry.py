@@ -382,7 +382,7 @@ def get_workload(name: str | Workload) -> Workload:
 # --------------------------------------------------------------------------------------
 
 
-def _cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over all positions: ``output`` ``(..., C)``, ``target`` ``(...)``."""
     return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
 
@@ -394,7 +394,8 @@ def _fmt(value: float) -> str:
     return f"{value:.3g} "
 
 
-def _describe(summary: str, params: int, flops: float, batch: int) -> str:
+def describe_workload(summary: str, params: int, flops: float, batch: int) -> str:
+    """A workload's ``description``: ``summary``, parameters, MiB and FLOPs per sample/step."""
     return (
         f"{summary} {params:,} parameters ({params * 4 / 2**20:.2f} MiB fp32); "
         f"~{_fmt(flops)}FLOPs per training sample (6 x params x uses, see "

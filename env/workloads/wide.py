@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from torch import nn
 
-from commgym.env.workloads.digits import _mlp, _mlp_params, load_digits_data
-from commgym.env.workloads.registry import Workload, _cross_entropy, _describe
+from commgym.env.workloads.digits import build_mlp, load_digits_data, mlp_param_count
+from commgym.env.workloads.registry import Workload, cross_entropy, describe_workload
 
 _WIDE_MLP_WIDTHS = (64, 4096, 4096, 1024, 10)
 _MID_MLP_WIDTHS = (64, 1024, 1024, 10)
@@ -24,21 +24,21 @@ def build_wide_mlp() -> nn.Module:
 
     Input float32 ``(B, 64)``, logits ``(B, 10)``.
     """
-    return _mlp(_WIDE_MLP_WIDTHS)
+    return build_mlp(_WIDE_MLP_WIDTHS)
 
 
 def _digits_mlp(
     name: str, widths: tuple[int, ...], build: Callable[[], nn.Module], lr: float, text: str
 ) -> Workload:
     """A wide-MLP workload on digits: SGD, 32 samples per rank, cross-entropy."""
-    params = _mlp_params(widths)
+    params = mlp_param_count(widths)
     flops, batch = 6.0 * params, 32
     return Workload(
         name=name,
-        description=_describe(text, params, flops, batch),
+        description=describe_workload(text, params, flops, batch),
         build_model=build,
         load_data=load_digits_data,
-        loss_fn=_cross_entropy,
+        loss_fn=cross_entropy,
         default_batch_size=batch,
         default_lr=lr,
         optimizer="sgd",
@@ -65,7 +65,7 @@ def build_mid_mlp() -> nn.Module:
 
     Input float32 ``(B, 64)``, logits ``(B, 10)``.
     """
-    return _mlp(_MID_MLP_WIDTHS)
+    return build_mlp(_MID_MLP_WIDTHS)
 
 
 def mid_mlp() -> Workload:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch import nn
 
-from commgym.agents.replay import CommScheduler, DecisionRecord
+from commgym.agents.scheduler import CommScheduler, DecisionRecord
 
 
 class DigitsCNN(nn.Module):

@@ -24,7 +24,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from commgym.agents.replay import CommScheduler, DecisionRecord
+from commgym.agents.scheduler import CommScheduler, DecisionRecord
 from commgym.env.workloads import get_workload
 
 

@@ -1,4 +1,9 @@
-"""One MLflow run: :class:`RunLogger` batches params, metrics and artifacts, never raising."""
+"""One MLflow run: :class:`RunLogger` batches params, metrics and artifacts, never raising.
+
+A logger logs through the store that opened it (:class:`RunStore`, which
+:class:`~commgym.experiments.tracking.Tracker` is): that store owns the client and the
+failure handling; this module owns what one run's values must look like for MLflow.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +14,57 @@ import threading
 import time
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from commgym.experiments.tracking.store import (
-    MAX_METRICS_PER_BATCH,
-    MAX_PARAM_VAL_LENGTH,
-    MAX_PARAMS_TAGS_PER_BATCH,
-    MAX_TAG_VAL_LENGTH,
-    _flatten,
-    _truncate,
-)
+__all__ = [
+    "MAX_METRICS_PER_BATCH",
+    "MAX_PARAMS_TAGS_PER_BATCH",
+    "MAX_PARAM_VAL_LENGTH",
+    "MAX_TAG_VAL_LENGTH",
+    "RunLogger",
+    "RunStore",
+    "flatten",
+    "truncate",
+]
 
-if TYPE_CHECKING:
-    from commgym.experiments.tracking.store import Tracker
+#: MLflow's limits (``mlflow.utils.validation``), repeated so this module imports fast.
+MAX_PARAM_VAL_LENGTH = 6000
+MAX_TAG_VAL_LENGTH = 8000
+MAX_METRICS_PER_BATCH = 1000
+MAX_PARAMS_TAGS_PER_BATCH = 100
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as one level of dotted keys (``{"env": {"a": 1}}`` -> ``env.a``)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def truncate(value: str, limit: int) -> str:
+    """``value`` cut to ``limit`` characters, the cut marked with ``...``."""
+    return value if len(value) <= limit else value[: limit - 3] + "..."
+
+
+class RunStore(Protocol):
+    """What a :class:`RunLogger` needs of the store it logs to (the ``Tracker``).
+
+    Attributes:
+        client: the ``mlflow.MlflowClient`` of the store.
+    """
+
+    client: Any
+
+    def call(self, kind: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run one store call; on failure warn once per ``kind`` and return ``None``."""
+
+    def warn(self, kind: str, message: str) -> None:
+        """Warn once per ``kind`` of problem."""
 
 
 class RunLogger:
@@ -39,14 +82,14 @@ class RunLogger:
     raw value and the step where it first occurred.
 
     Args:
-        tracker: the owning :class:`Tracker`.
+        tracker: the store that opened the run (the :class:`~commgym.experiments.tracking.Tracker`).
         run_id: MLflow run id, or ``None`` for a no-op logger.
         name: run name.
         flush_every: buffered metric points that trigger a batch send.
     """
 
     def __init__(
-        self, tracker: Tracker, run_id: str | None, name: str = "", *, flush_every: int = 500
+        self, tracker: RunStore, run_id: str | None, name: str = "", *, flush_every: int = 500
     ) -> None:
         if flush_every < 1:
             raise ValueError(f"flush_every must be >= 1, got {flush_every!r}")
@@ -96,7 +139,7 @@ class RunLogger:
         """
         if not isinstance(params, Mapping):
             raise TypeError(f"params must be a mapping, got {type(params).__name__}")
-        flat = _flatten(params)
+        flat = flatten(params)
         items = []
         for k, v in flat.items():
             s = str(v)
@@ -106,7 +149,7 @@ class RunLogger:
                     f"{MAX_PARAM_VAL_LENGTH}",
                     stacklevel=2,
                 )
-                s = _truncate(s, MAX_PARAM_VAL_LENGTH)
+                s = truncate(s, MAX_PARAM_VAL_LENGTH)
             items.append((str(k), s))
         if not self.active or not items:
             return
@@ -132,7 +175,7 @@ class RunLogger:
             return
         from mlflow.entities import RunTag
 
-        items = [RunTag(str(k), _truncate(str(v), MAX_TAG_VAL_LENGTH)) for k, v in tags.items()]
+        items = [RunTag(str(k), truncate(str(v), MAX_TAG_VAL_LENGTH)) for k, v in tags.items()]
         for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
             self.tracker.call(
                 "set_tags",

@@ -23,16 +23,9 @@ import urllib.request
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from commgym.experiments.tracking.run import RunLogger
-
-#: MLflow's limits (``mlflow.utils.validation``), repeated so this module imports fast.
-MAX_PARAM_VAL_LENGTH = 6000
-MAX_TAG_VAL_LENGTH = 8000
-MAX_METRICS_PER_BATCH = 1000
-MAX_PARAMS_TAGS_PER_BATCH = 100
+from commgym.experiments.tracking.run import MAX_TAG_VAL_LENGTH, RunLogger, truncate
 
 #: Retries of one store call when SQLite reports ``database is locked``.
 LOCK_RETRIES = 12
@@ -118,23 +111,13 @@ def _git(*args: str) -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def _is_lock_error(err: BaseException) -> bool:
     text = str(err).lower()
     return "database is locked" in text or "database table is locked" in text
 
 
-def _is_remote(uri: str) -> bool:
+def is_remote(uri: str) -> bool:
+    """Whether ``uri`` names a tracking server (``http(s)://``) rather than a local store."""
     return uri.startswith(("http://", "https://"))
 
 
@@ -198,7 +181,7 @@ def _sqlite_init_lock(uri: str, timeout_s: float = 120.0) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _probe_server(uri: str, timeout_s: float) -> str | None:
+def probe_server(uri: str, timeout_s: float) -> str | None:
     """``None`` when an MLflow server answers at ``uri``, else the error text."""
     url = uri.rstrip("/") + "/health"
     try:
@@ -216,10 +199,6 @@ def _user() -> str:
         return getpass.getuser()
     except Exception:  # no passwd entry in some containers
         return "unknown"
-
-
-def _truncate(value: str, limit: int) -> str:
-    return value if len(value) <= limit else value[: limit - 3] + "..."
 
 
 class Tracker:
@@ -264,7 +243,7 @@ class Tracker:
     ) -> None:
         self.tracking_uri = tracking_uri if tracking_uri is not None else default_tracking_uri()
         self.experiment = experiment
-        self.remote = _is_remote(self.tracking_uri)
+        self.remote = is_remote(self.tracking_uri)
         self.client: Any = None
         self.experiment_id: str | None = None
         self.lock_retries = 0
@@ -273,9 +252,9 @@ class Tracker:
         if not enabled:
             return
         if self.remote:
-            err = _probe_server(self.tracking_uri, connect_timeout_s)
+            err = probe_server(self.tracking_uri, connect_timeout_s)
             if err is not None:
-                self._warn(
+                self.warn(
                     "connect",
                     f"MLflow tracking server {self.tracking_uri} is unreachable ({err}); "
                     "tracking is disabled for this run, training continues",
@@ -286,7 +265,7 @@ class Tracker:
         except Exception as err:  # tracking must never stop training
             self.client = None
             self.experiment_id = None
-            self._warn(
+            self.warn(
                 "connect",
                 f"cannot open MLflow store {self.tracking_uri} "
                 f"({type(err).__name__}: {err}); tracking is disabled, training continues",
@@ -348,7 +327,8 @@ class Tracker:
                 return (db.resolve().parent / "mlartifacts").as_uri()
         return None
 
-    def _warn(self, kind: str, message: str) -> None:
+    def warn(self, kind: str, message: str) -> None:
+        """Warn (``RuntimeWarning``) once per ``kind`` of problem; logging goes on."""
         with self._warn_lock:
             if kind in self._warned:
                 return
@@ -378,7 +358,7 @@ class Tracker:
                     self.lock_retries += 1
                     time.sleep(min(1.0, 0.02 * 2**attempt) * (0.5 + random.random()))
                     continue
-                self._warn(
+                self.warn(
                     f"{kind}:{type(err).__name__}",
                     f"MLflow {kind} failed ({type(err).__name__}: {err}); "
                     "continuing without it (further failures of this kind are not reported)",
@@ -414,7 +394,7 @@ class Tracker:
             "mlflow.runName": name,
         }
         all_tags.update(
-            {str(k): _truncate(str(v), MAX_TAG_VAL_LENGTH) for k, v in (tags or {}).items()}
+            {str(k): truncate(str(v), MAX_TAG_VAL_LENGTH) for k, v in (tags or {}).items()}
         )
         if parent_run_id is not None:
             all_tags["mlflow.parentRunId"] = str(parent_run_id)
@@ -428,8 +408,6 @@ class Tracker:
                 tags=all_tags,
             )
             run_id = None if run is None else run.info.run_id
-        from commgym.experiments.tracking.run import RunLogger
-
         logger = RunLogger(self, run_id, name)
         if params:
             logger.log_params(params)

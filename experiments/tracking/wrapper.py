@@ -12,6 +12,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from commgym.env.measure import DecisionMeasurement, measurement_from_info
 from commgym.experiments.tracking.run import RunLogger
 
 
@@ -34,6 +35,23 @@ def _scalar(v: Any) -> float | None:
         return None
 
 
+def _measured_metrics(m: DecisionMeasurement | None) -> dict[str, float | None]:
+    """The ``comm/*`` and ``train/*`` metrics of one decision (none when nothing measured)."""
+    if m is None:
+        return {}
+    return {
+        "comm/bytes_per_step": _scalar(m.bytes_per_step),
+        "comm/step_time_s": _scalar(m.step_time_s),
+        "comm/comm_wait_s": _scalar(m.comm_wait_s),
+        "comm/compress_s": _scalar(m.compress_s),
+        "comm/compression_error": _scalar(m.compression_error),
+        "train/loss": _scalar(m.train_loss),
+        "train/eval_loss": _scalar(m.eval_loss),
+        "train/eval_acc": _scalar(m.eval_acc),
+        "train/grad_norm": _scalar(m.grad_norm),
+    }
+
+
 class TrackingWrapper(gym.Wrapper):
     """Logs every decision of a ``commgym/AllReduce-v0`` env to a :class:`RunLogger`.
 
@@ -45,15 +63,15 @@ class TrackingWrapper(gym.Wrapper):
     =========================  ==========================================================
     ``env/reward``             the step's reward
     ``env/train_time_s``       ``info["train_time_s"]`` (training time in the episode, s)
-    ``comm/bytes_per_step``    ``measured["bytes_per_step"]`` (B per iteration)
-    ``comm/step_time_s``       ``measured["step_time_s"]``
-    ``comm/comm_wait_s``       ``measured["comm_wait_s"]``
-    ``comm/compress_s``        ``measured["compress_s"]``
-    ``comm/compression_error`` ``measured["compression_error"]`` (when not ``None``)
-    ``train/loss``             ``measured["train_loss"]``
-    ``train/eval_loss``        ``measured["eval_loss"]``
-    ``train/eval_acc``         ``measured["eval_acc"]``
-    ``train/grad_norm``        ``measured["grad_norm"]``
+    ``comm/bytes_per_step``    ``measured.bytes_per_step`` (B per iteration)
+    ``comm/step_time_s``       ``measured.step_time_s``
+    ``comm/comm_wait_s``       ``measured.comm_wait_s``
+    ``comm/compress_s``        ``measured.compress_s``
+    ``comm/compression_error`` ``measured.compression_error`` (when not ``None``)
+    ``train/loss``             ``measured.train_loss``
+    ``train/eval_loss``        ``measured.eval_loss``
+    ``train/eval_acc``         ``measured.eval_acc``
+    ``train/grad_norm``        ``measured.grad_norm``
     ``action/compression``     menu index of the compression (first action component)
     ``action/bucket_mb``       ``info["action"]["bucket_mb"]`` (MiB)
     ``action/sync_period``     ``info["action"]["sync_period"]``
@@ -103,7 +121,7 @@ class TrackingWrapper(gym.Wrapper):
         try:
             self._record(action, reward, terminated, truncated, info)
         except Exception as err:  # logging must never kill training
-            self.run.tracker._warn(
+            self.run.tracker.warn(
                 f"wrapper:{type(err).__name__}",
                 f"TrackingWrapper could not record a step ({type(err).__name__}: {err})",
             )
@@ -125,21 +143,12 @@ class TrackingWrapper(gym.Wrapper):
         self._ep_length += 1
         r = _scalar(reward)
         self._ep_return += r if r is not None else 0.0
-        m: Mapping[str, Any] = info.get("measured") or {}
         act: Mapping[str, Any] = info.get("action") or {}
         comp_idx = self._menu_index(action, info)
         metrics = {
             "env/reward": r,
             "env/train_time_s": _scalar(info.get("train_time_s")),
-            "comm/bytes_per_step": _scalar(m.get("bytes_per_step")),
-            "comm/step_time_s": _scalar(m.get("step_time_s")),
-            "comm/comm_wait_s": _scalar(m.get("comm_wait_s")),
-            "comm/compress_s": _scalar(m.get("compress_s")),
-            "comm/compression_error": _scalar(m.get("compression_error")),
-            "train/loss": _scalar(m.get("train_loss")),
-            "train/eval_loss": _scalar(m.get("eval_loss")),
-            "train/eval_acc": _scalar(m.get("eval_acc")),
-            "train/grad_norm": _scalar(m.get("grad_norm")),
+            **_measured_metrics(measurement_from_info(info)),
             "action/compression": comp_idx,
             "action/bucket_mb": _scalar(act.get("bucket_mb")),
             "action/sync_period": _scalar(act.get("sync_period")),
@@ -163,7 +172,8 @@ class TrackingWrapper(gym.Wrapper):
             "bucket_mb": act.get("bucket_mb"),
             "sync_period": act.get("sync_period"),
         }
-        for k, v in m.items():
+        # every measured value, env-side timings (``env_step_s``) included, as it came
+        for k, v in (info.get("measured") or {}).items():
             key = f"decision_{k}" if k == "train_time_s" else k
             row[key] = v if not isinstance(v, list | tuple) else " ".join(map(str, v))
         row["terminated"] = bool(terminated)
@@ -214,7 +224,7 @@ class TrackingWrapper(gym.Wrapper):
                     self.run.log_artifact(self.write_csv(Path(tmp) / "decisions.csv"))
                 self.run.flush()
             except Exception as err:  # logging must never kill training
-                self.run.tracker._warn(
+                self.run.tracker.warn(
                     f"wrapper-close:{type(err).__name__}",
                     f"TrackingWrapper could not save decisions.csv ({type(err).__name__}: {err})",
                 )

@@ -10,6 +10,7 @@ import numpy as np
 from gymnasium import spaces
 
 from commgym.env import ActionMenu
+from commgym.env.measure import DecisionMeasurement
 from commgym.env.spaces import REWARDS, ObservationBuilder, decision_outcome
 
 BEST = (2, 1, 2)
@@ -134,12 +135,14 @@ class TimedTableEnv(TableEnv):
         self._loss = prev * math.exp(-progress)
         self._train_time_s += dt
         cfg = self.config
-        m = {
-            "step_time_s": dt / cfg.steps_per_decision, "comm_wait_s": 0.002,
-            "compress_s": 0.0, "bytes_per_step": 1e5, "bytes_total": 2e5, "comm_s": 0.004,
-            "train_loss": self._loss, "eval_loss": self._loss, "eval_acc": 0.5,
-            "grad_norm": 1.0, "compression_error": 0.0,
-        }  # fmt: skip
+        step_s = dt / cfg.steps_per_decision
+        m = DecisionMeasurement(
+            train_time_s=dt, step_time_s=step_s, iter_mean_s=step_s, compute_s=0.0,
+            comm_wait_s=0.002, compress_s=0.0, comm_s=0.004, bytes_per_step=1e5,
+            bytes_total=2e5, train_loss=self._loss, eval_loss=self._loss, eval_acc=0.5,
+            eval_s=0.0, grad_norm=1.0, compression_error=0.0, nonfinite=False,
+            samples=cfg.steps_per_decision, steps=cfg.steps_per_decision,
+        ).to_dict()  # fmt: skip
         elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)
         obs = self._builder.build(m, a, elapsed)
         reward, terminated, truncated, reason = decision_outcome(

@@ -9,8 +9,8 @@ import pytest
 
 from commgym.env import AllReduceEnv
 from commgym.env.cluster import Cluster, LaunchConfig
+from commgym.env.measure import effective_bandwidth_gbps
 from commgym.env.net import EmulatedNetwork, netem_available, tbf_burst_bytes
-from commgym.env.spaces import effective_bandwidth_gbps
 
 ok, why = netem_available()
 pytestmark = pytest.mark.skipif(not ok, reason=f"network emulation unavailable here: {why}")

@@ -9,12 +9,8 @@ import numpy as np
 import pytest
 
 from commgym.env import AllReduceEnv
-from commgym.env.measure import (
-    OBSERVATION_FIELDS,
-    DecisionMeasurement,
-    ObservationBuilder,
-)
-from commgym.env.spaces import ActionMenu
+from commgym.env.measure import DecisionMeasurement
+from commgym.env.spaces import OBSERVATION_FIELDS, ActionMenu, ObservationBuilder
 
 
 def spec_card_rows() -> list[dict]:

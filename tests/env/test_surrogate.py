@@ -397,17 +397,17 @@ def test_ppo_learned_on_surrogate_runs_on_real(real_env, real_model):
     return comparison is ``test_ppo_on_surrogate_beats_random_on_real``, expensive).
     """
     from commgym.agents import make_agent
-    from commgym.experiments.train import run_episode
+    from commgym.agents.rollout import rollout
 
     sim, ppo, _ = _ppo_on_surrogate(real_model)
     rnd = make_agent("random", sim, seed=0)
     seeds = range(1000, 1008)
     sim_ret = {
-        name: np.mean([run_episode(sim, agent, s, name, None).episode_return for s in seeds])
+        name: np.mean([rollout(sim, agent, s).episode_return for s in seeds])
         for name, agent in (("ppo", ppo), ("random", rnd))
     }
     assert sim_ret["ppo"] > sim_ret["random"], sim_ret
-    ep = run_episode(real_env, ppo, 1000, "ppo", SCENARIO["target_loss"])
+    ep = rollout(real_env, ppo, 1000, target_loss=SCENARIO["target_loss"])
     assert np.isfinite(ep.episode_return) and ep.decisions >= 1
 
 
@@ -415,16 +415,16 @@ def test_ppo_learned_on_surrogate_runs_on_real(real_env, real_model):
 def test_ppo_on_surrogate_beats_random_on_real(real_env, real_model):
     """PPO learns only on the surrogate, then runs on real ranks against ``random``."""
     from commgym.agents import make_agent
-    from commgym.experiments.train import run_episode
+    from commgym.agents.rollout import rollout
 
     sim, ppo, learn_s = _ppo_on_surrogate(real_model)
     rnd = make_agent("random", real_env, seed=0)
     seeds = range(1000, 1004)
     res = {
-        name: [run_episode(real_env, agent, s, name, SCENARIO["target_loss"]) for s in seeds]
+        name: [rollout(real_env, agent, s, target_loss=SCENARIO["target_loss"]) for s in seeds]
         for name, agent in (("ppo", ppo), ("random", rnd))
     }
-    sim_ret = np.mean([run_episode(sim, ppo, s, "ppo", None).episode_return for s in seeds])
+    sim_ret = np.mean([rollout(sim, ppo, s).episode_return for s in seeds])
     ret = {k: float(np.mean([e.episode_return for e in v])) for k, v in res.items()}
     ttt = {k: [e.time_to_target_s for e in v] for k, v in res.items()}
     print(

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import commgym.env  # noqa: F401 - registers the envs
-from commgym.collectives.spec import COMPRESSORS, CompressionSpec
+from commgym.collectives.compressors import COMPRESSORS, CompressionSpec
 from commgym.env import ActionMenu
 from commgym.env.net import NetworkSpec, choose_profile, netem_available
 from commgym.env.surrogate import (
@@ -225,7 +225,7 @@ def test_surrogate_schedule_shifts_switches_per_seed_as_the_real_env(model):
     from commgym.env.allreduce_env import EnvConfig
 
     network = {"schedule": [[0, "1gbit"], [0.05, "100mbit"]], "shift_s": 0.02}
-    schedule = EnvConfig(network=network)._network[1]
+    schedule = EnvConfig(network=network).network_plan.schedule
     env = SurrogateEnv(model, noise=0.0, time_budget_s=1e9, max_decisions=400, network=network)
     switches = set()
     for seed in range(4):
@@ -288,7 +288,7 @@ def test_old_model_version_is_refused(model, tmp_path):
 def test_real_held_out_rate_and_seed_targets(tmp_path):
     # the targets: step-time MAPE <= 15 %, Kendall tau >= 0.8 on a rate and seeds the fit
     # never saw (timing figures: only on an otherwise idle machine)
-    from commgym.experiments.bench_surrogate import run_surrogate_holdout_benchmark
+    from commgym.experiments.bench.surrogate_holdout import run_surrogate_holdout_benchmark
     from commgym.experiments.collect import record_dataset
 
     scenario = {

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from commgym.collectives import WorkerFailed
-from commgym.experiments.bench import run_sync_benchmark
+from commgym.experiments.bench.sync import run_sync_benchmark
 
 
 def test_bench_sync_smoke(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from commgym.env.spaces import ActionMenu
-from commgym.experiments.bench_env import (
+from commgym.experiments.bench.env import (
     WARMUP_DECISIONS,
     action_sequence,
     run_env_benchmark,

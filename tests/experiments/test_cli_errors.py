@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from commgym.agents import StaticAgent
-from commgym.agents.base import _LayoutEnv
+from commgym.agents.base import LayoutEnv
 from commgym.env.spaces import ActionMenu
 from tests.experiments.cli_helpers import cli
 
@@ -92,7 +92,7 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(workdir, case, monkeyp
 
 def test_policy_for_another_menu_is_refused_before_anything_is_created(workdir, monkeypatch):
     menu = ActionMenu(compression=("none", "fp16"))
-    policy = StaticAgent(_LayoutEnv(menu), preset="fp16-dense").save(workdir / "other.zip")
+    policy = StaticAgent(LayoutEnv(menu), preset="fp16-dense").save(workdir / "other.zip")
     before = _tree(workdir)
     proc = _invoke(["evaluate", "--config", "smoke", "--policy", str(policy)], workdir, monkeypatch)
     _assert_one_line_exit_2(proc, "action menu")

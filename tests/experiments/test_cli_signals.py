@@ -14,7 +14,7 @@ import time
 import pytest
 from mlflow import MlflowClient
 
-from commgym.env.netem import netem_available
+from commgym.env.net import netem_available
 
 
 def _children(pid: int) -> set[int]:

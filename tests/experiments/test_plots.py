@@ -101,13 +101,13 @@ def test_loss_curves_plot_with_target(tmp_path):
 
 
 def test_timeline_all_seeds_target_and_bandwidth_from_episode_rows():
-    """Rows exactly as ``run_episode`` returns them, from real ranks: every panel has data."""
+    """Rows exactly as ``rollout`` records them, from real ranks: every panel has data."""
     import gymnasium as gym
 
     import commgym.env  # noqa: F401 - registers the env
     from commgym.agents import make_agent
-    from commgym.env.spaces import effective_bandwidth_gbps
-    from commgym.experiments.train import run_episode
+    from commgym.agents.rollout import rollout
+    from commgym.env.measure import effective_bandwidth_gbps
 
     env = gym.make(
         "commgym/AllReduce-v0", workload="mlp-digits", world_size=2, steps_per_decision=2,
@@ -115,7 +115,7 @@ def test_timeline_all_seeds_target_and_bandwidth_from_episode_rows():
     )  # fmt: skip
     try:
         agent = make_agent("static:ddp-default", env.unwrapped)
-        runs = {f"seed {s}": run_episode(env, agent, s, "ddp", 0.2).rows for s in (1, 2)}
+        runs = {f"seed {s}": rollout(env, agent, s, target_loss=0.2).rows for s in (1, 2)}
     finally:
         env.close()
     fig = action_timeline_figure(runs, "ddp", target_loss=0.2)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from commgym.agents import StaticAgent
-from commgym.agents.base import _LayoutEnv
+from commgym.agents.base import LayoutEnv
 from commgym.env.spaces import ActionMenu
 from tests.experiments.cli_helpers import cli as _cli
 
 
 def test_replay_prints_policy_and_baselines(tmp_path):
-    policy = StaticAgent(_LayoutEnv(ActionMenu()), preset="int8/4MB/H1").save(tmp_path / "p.zip")
+    policy = StaticAgent(LayoutEnv(ActionMenu()), preset="int8/4MB/H1").save(tmp_path / "p.zip")
     proc = _cli(
         [
             "replay",
@@ -38,7 +38,7 @@ def test_replay_prints_policy_and_baselines(tmp_path):
 
 def test_replay_refuses_policy_for_other_menu(tmp_path):
     menu = ActionMenu(compression=("none", "fp16"))
-    policy = StaticAgent(_LayoutEnv(menu), preset="fp16-dense").save(tmp_path / "p.zip")
+    policy = StaticAgent(LayoutEnv(menu), preset="fp16-dense").save(tmp_path / "p.zip")
     proc = _cli(["replay", "--policy", str(policy), "--steps", "2"], tmp_path)
     assert proc.returncode == 2
     assert "action menu 'compression'" in proc.stderr

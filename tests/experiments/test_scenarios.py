@@ -24,9 +24,7 @@ def test_scenario_runs_two_decisions(scenario):
     if env_cfg.network is not None and not ok:
         pytest.skip(f"network emulation unavailable here: {why}")
     # rate-only specs: these scenarios run on a kernel without sch_netem
-    kind, value = env_cfg._network or (None, None)
-    specs = {"fixed": lambda v: [v], "schedule": lambda v: [s for _, s in v],
-             "profiles": lambda v: v}.get(kind, lambda v: [])(value)  # fmt: skip
+    specs = list(env_cfg.network_plan.specs)
     assert all(not s.has_impairments for s in specs), specs
     env = gym.make("commgym/AllReduce-v0", config=env_cfg)
     try:
@@ -71,7 +69,7 @@ def test_env_config_takes_schedule_with_shift_and_names_the_valid_forms():
     from commgym.env import EnvConfig
 
     cfg = EnvConfig(network={"schedule": [[0, "1gbit"], [4, "100mbit"]], "shift_s": 1.0})
-    kind, sched = cfg._network
-    assert kind == "schedule" and sched.shift_s == 1.0
+    plan = cfg.network_plan
+    assert plan.kind == "schedule" and plan.schedule.shift_s == 1.0
     with pytest.raises(ValueError, match="shift_s"):
         EnvConfig(network={"profiles": ["1gbit"], "shift_s": 1.0})

@@ -1,12 +1,15 @@
 """``commgym bench sync``: torch DDP vs :class:`GradientSynchronizer`, side by side.
 
-One launch of ``world_size`` gloo ranks (torchrun, :mod:`commgym.experiments.bench_worker`)
-measures, interleaved round by round, torch ``DistributedDataParallel`` and our
-synchronizer with the same model, initial weights, batches and bucket size, first with
-``none`` compression and then with every requested compressor. The parent process
-summarises per-step medians, the ratio ours/DDP of medians measured in the same run, the
-bytes on the wire and the compression ratio, and prints a verdict for the target
-``ours/DDP <= 1.05`` for ``none`` (goal ``<= 1.00``).
+One launch of ``world_size`` gloo ranks (a :class:`~commgym.env.cluster.Cluster` of
+:mod:`commgym.env.worker` ranks, as the env starts them; over emulated links with
+``network``) runs the worker's ``sync_bench`` command
+(:func:`commgym.env.rank_bench.bench_sync`): interleaved round by round, torch
+``DistributedDataParallel`` and our synchronizer with the same model (a ``WORKLOADS``
+entry), initial weights, batches and bucket size, first with ``none`` compression and then
+with every requested compressor. The parent process summarises per-step medians, the ratio
+ours/DDP of medians measured in the same run, the bytes on the wire and the compression
+ratio, and prints a verdict for the target ``ours/DDP <= 1.05`` for ``none`` (goal
+``<= 1.00``).
 
 Run as ``commgym bench sync [options]`` or ``python -m commgym.experiments.bench sync
 [options]`` (the same typer command).
@@ -14,15 +17,8 @@ Run as ``commgym bench sync [options]`` or ``python -m commgym.experiments.bench
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,110 +27,21 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from commgym.collectives import CompressionSpec, WorkerFailed
+from commgym.collectives import CommgymError, CompressionSpec, WorkerFailed
+from commgym.experiments.bench import write_json
 
-__all__ = ["TARGET_RATIO", "GOAL_RATIO", "run_sync_benchmark", "summarize", "worker_command"]
+__all__ = ["GOAL_RATIO", "TARGET_RATIO", "run_sync_benchmark", "summarize"]
 
 #: ours/DDP median step-time ratio for ``none`` that the benchmark must meet.
 TARGET_RATIO = 1.05
 #: ours/DDP ratio we aim for.
 GOAL_RATIO = 1.00
-#: Rough seconds per step and rank budgeted for the subprocess timeout (2 CPU cores).
-_STEP_BUDGET_S = {"mlp": 0.5, "wide": 3.0}
-
-
-def worker_command(
-    world_size: int,
-    out: Path,
-    *,
-    steps: int,
-    warmup: int,
-    bucket_mb: float,
-    model: str,
-    compressors: Sequence[str],
-    rounds: int,
-    sync_period: int = 1,
-) -> list[str]:
-    """The torchrun command line that runs the benchmark's ranks (loopback).
-
-    Args:
-        world_size: number of ranks (one process each, ``--standalone`` rendezvous on a
-            free port).
-        out: JSON file that rank 0 writes.
-        steps: measured steps per configuration and round.
-        warmup: unmeasured warm-up steps per configuration and round.
-        bucket_mb: bucket size in MiB.
-        model: benchmark model name.
-        compressors: compression specs (``none`` first).
-        rounds: interleaved repetitions.
-        sync_period: local-SGD period of ours.
-
-    Returns:
-        ``argv`` for ``subprocess`` (``python -m torch.distributed.run ...``).
-    """
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", "--nproc-per-node", str(world_size),
-        *worker_args(
-            out, steps=steps, warmup=warmup, bucket_mb=bucket_mb, model=model,
-            compressors=compressors, rounds=rounds, sync_period=sync_period,
-        ),
-    ]  # fmt: skip
-
-
-def worker_args(
-    out: Path,
-    *,
-    steps: int,
-    warmup: int,
-    bucket_mb: float,
-    model: str,
-    compressors: Sequence[str],
-    rounds: int,
-    sync_period: int,
-) -> list[str]:
-    """What torchrun runs on every rank: the benchmark worker module and its options."""
-    return [
-        "-m", "commgym.experiments.bench_worker",
-        "--out", str(out),
-        "--steps", str(steps),
-        "--warmup", str(warmup),
-        "--bucket-mb", repr(float(bucket_mb)),
-        "--model", model,
-        "--compressors", ",".join(compressors),
-        "--rounds", str(rounds),
-        "--sync-period", str(sync_period),
-    ]  # fmt: skip
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the launcher's process group (torchrun and every rank), then SIGKILL."""
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _excerpt(path: Path, head: int = 30, tail: int = 25) -> str:
-    """The ranks' first Python traceback (if any) and the launcher's last lines."""
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "<no output>"
-    marker = "Traceback (most recent call last)"
-    first = next((i for i, ln in enumerate(lines) if marker in ln), None)
-    if first is None or first >= len(lines) - tail:
-        return "\n".join(lines[-tail - head :]) or "<no output>"
-    cut = min(first + head, len(lines) - tail)
-    skipped = len(lines) - tail - cut
-    middle = [f"... ({skipped} lines) ..."] if skipped > 0 else []
-    return "\n".join(lines[first:cut] + middle + lines[-tail:])
+#: Samples per rank per step, seed of weights and data order, SGD learning rate.
+BATCH_SIZE, SEED, LR = 64, 0, 0.01
+#: Training FLOP/s per rank budgeted for the timeout (generous for 2 shared CPU cores).
+_BUDGET_FLOPS = 1.5e9
+#: Collective timeout of the benchmark's process group, seconds.
+_PG_TIMEOUT_S = 300.0
 
 
 def _median(values: Sequence[float]) -> float:
@@ -145,7 +52,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     """Turn rank 0's raw measurements into the benchmark's rows.
 
     Args:
-        raw: the JSON written by :mod:`commgym.experiments.bench_worker`.
+        raw: rank 0's reply to ``sync_bench`` (:func:`commgym.env.rank_bench.bench_sync`).
 
     Returns:
         A dict with ``rows`` (one per configuration, DDP first: ``config``,
@@ -267,7 +174,7 @@ def run_sync_benchmark(
     steps: int = 30,
     warmup: int = 5,
     bucket_mb: float = 25.0,
-    model: str = "mlp",
+    model: str = "mid-mlp",
     compressors: Sequence[str] = ("none",),
     rounds: int = 3,
     *,
@@ -278,27 +185,27 @@ def run_sync_benchmark(
     network_strict: bool = True,
     sync_period: int = 1,
 ) -> dict[str, Any]:
-    """Run the DDP-vs-ours benchmark in one torchrun launch and print its table.
+    """Run the DDP-vs-ours benchmark on one cluster of ranks and print its table.
 
-    Launches ``python -m torch.distributed.run --standalone --nproc-per-node
-    world_size -m commgym.experiments.bench_worker ...`` in its own process group, reads
-    the JSON that rank 0 writes to a temporary file, prints a rich table (median step
-    time, ratio vs DDP and vs ours-``none``, bytes per step, compression ratio, mean
-    compute / comm-wait / compress time) and a one-line verdict for ``ours/DDP <=
-    TARGET_RATIO`` with ``none``.
+    Starts a :class:`~commgym.env.cluster.Cluster` of ``world_size`` gloo ranks (one
+    intra-op thread each), sends them the ``sync_bench`` command, takes rank 0's reply,
+    prints a rich table (median step time, ratio vs DDP and vs ours-``none``, bytes per
+    step, compression ratio, mean compute / comm-wait / compress time) and a one-line
+    verdict for ``ours/DDP <= TARGET_RATIO`` with ``none``.
 
     Args:
         world_size: number of gloo ranks (>= 2); each uses one intra-op thread.
         steps: measured steps per configuration and round (>= 1).
         warmup: unmeasured warm-up steps per configuration and round (>= 0).
         bucket_mb: bucket size in MiB for both DDP (``bucket_cap_mb``) and ours (> 0).
-        model: ``"mlp"`` (64-1024-1024-10) or ``"wide"`` (~9.7M parameters).
+        model: a ``WORKLOADS`` name: its model, loss and training data (``mid-mlp``: MLP
+            64-1024-1024-10, 1.13 M parameters; ``wide-mlp``: 21.25 M).
         compressors: compression specs measured after DDP and ours-``none``
             (``none`` is always measured).
         rounds: interleaved repetitions; medians and ratios use all of them.
         json_path: if given, the summary plus the raw measurements are written there.
         timeout_s: wall-clock limit of the whole launch in seconds; ``None`` derives one
-            from the number of steps.
+            from the number of steps and the workload's FLOPs.
         console: rich console to print to (default: stdout, at least 150 columns wide).
         network: ``None`` (unshaped loopback) or a network spec / profile (e.g.
             ``"1gbit"``): every rank then runs in its own network namespace with ``tc``
@@ -316,13 +223,15 @@ def run_sync_benchmark(
 
     Raises:
         ValueError: invalid arguments (unknown model or compression spec, bad counts).
-        WorkerFailed: a rank failed, the launch timed out (the process group is
-            killed), or no result was written; the message holds the launcher's output.
+        WorkerFailed: a rank failed or the launch timed out (the ranks are killed); the
+            message holds the ranks' output.
     """
-    from commgym.experiments.bench_worker import MODELS
+    from commgym.env.workloads import get_workload
 
-    if model not in MODELS:
-        raise ValueError(f"unknown benchmark model {model!r}; known: {sorted(MODELS)}")
+    try:
+        workload = get_workload(model)
+    except ValueError as err:
+        raise ValueError(f"unknown benchmark model {model!r}: {err}") from None
     if world_size < 2 or steps < 1 or warmup < 0 or rounds < 1:
         raise ValueError(
             f"need world_size >= 2, steps >= 1, warmup >= 0, rounds >= 1; got "
@@ -346,49 +255,16 @@ def run_sync_benchmark(
             console = Console(width=150)
     if timeout_s is None:
         n_steps = rounds * (len(specs) + 1) * (steps + warmup)
-        timeout_s = 120.0 + n_steps * _STEP_BUDGET_S[model] * world_size / 2
-
-    with contextlib.ExitStack() as stack:
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="commgym-bench-"))
-        out = Path(tmp) / "result.json"
-        log = Path(tmp) / "torchrun.log"
-        args = worker_args(
-            out, steps=steps, warmup=warmup, bucket_mb=bucket_mb, model=model,
-            compressors=specs, rounds=rounds, sync_period=sync_period,
-        )  # fmt: skip
-        # TMPDIR: torchrun's own temp folders go away with ours
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TMPDIR=tmp)
-        if net_spec is None:
-            launches = [
-                (
-                    worker_command(
-                        world_size, out, steps=steps, warmup=warmup, bucket_mb=bucket_mb,
-                        model=model, compressors=specs, rounds=rounds, sync_period=sync_period,
-                    ),
-                    env,
-                )
-            ]  # fmt: skip
-            where = "loopback"
-        else:
-            from commgym.env.net import EmulatedNetwork
-
-            net = stack.enter_context(EmulatedNetwork(world_size, net_spec, strict=network_strict))
-            launches = net.torchrun_commands(args, env)
-            where = f"namespaces shaped to {net.effective_spec}"
-        cmd = launches[0][0]
-        console.print(
-            f"[dim]launching {world_size} ranks on {where}: {' '.join(cmd[1:5])} ... "
-            f"(timeout {timeout_s:.0f} s)[/dim]"
-        )
-        rc = _run_launches(launches, log, timeout_s, console)
-        if rc != 0 or not out.exists():
-            reason = f"exit status {rc}" if rc != 0 else "no result file written"
-            msg = f"benchmark ranks failed ({reason}). Last output:\n{_excerpt(log)}"
-            console.print(f"error: {msg}", markup=False, highlight=False, style="red")
-            raise WorkerFailed(msg)
-        raw = json.loads(out.read_text())
-        effective = str(net.effective_spec) if net_spec is not None else None
-
+        step_s = 0.5 + workload.flops_per_sample() * BATCH_SIZE / _BUDGET_FLOPS
+        timeout_s = 120.0 + n_steps * step_s * world_size / 2
+    command = {
+        "cmd": "sync_bench", "workload": model, "steps": steps, "warmup": warmup,
+        "bucket_mb": float(bucket_mb), "compressors": specs, "rounds": rounds,
+        "batch_size": BATCH_SIZE, "seed": SEED, "sync_period": sync_period, "lr": LR,
+    }  # fmt: skip
+    raw, effective, launched = _run_on_cluster(
+        world_size, command, timeout_s, console, net_spec, network_strict
+    )
     meta = {
         "network": effective,
         "sync_period": sync_period,
@@ -399,7 +275,7 @@ def run_sync_benchmark(
         "model": model,
         "compressors": specs,
         "rounds": rounds,
-        "command": cmd,
+        "command": launched,
         "torch_version": raw.get("torch_version"),
         "batch_size_per_rank": raw.get("batch_size"),
         "seed": raw.get("seed"),
@@ -411,63 +287,51 @@ def run_sync_benchmark(
     return result
 
 
-def _run_launches(
-    launches: list[tuple[list[str], dict[str, str]]],
-    log: Path,
+def _run_on_cluster(
+    world_size: int,
+    command: dict[str, Any],
     timeout_s: float,
     console: Console,
-) -> int:
-    """Start every launcher (own process group each), wait for all; kill all on failure.
+    net_spec: Any,
+    network_strict: bool,
+) -> tuple[dict[str, Any], str | None, list[str]]:
+    """Start the ranks (and links), run ``command``, close everything; rank 0's reply.
 
     Returns:
-        The first non-zero exit status, else 0.
+        ``(reply of rank 0, the applied network spec or None, the launcher's argv)``.
 
     Raises:
-        WorkerFailed: the launch did not finish within ``timeout_s``.
+        WorkerFailed: the ranks failed or did not finish within ``timeout_s`` (killed).
     """
+    from commgym.env.cluster import Cluster, LaunchConfig
+
     deadline = time.monotonic() + timeout_s
-    procs: list[subprocess.Popen[bytes]] = []
-    with log.open("wb") as log_f:
-        try:
-            for cmd, env in launches:
-                procs.append(
-                    subprocess.Popen(
-                        cmd, stdout=log_f, stderr=subprocess.STDOUT, env=env,
-                        start_new_session=True,
-                    )
-                )  # fmt: skip
-            rc = 0
-            for proc in procs:
-                code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                if code != 0:
-                    rc = rc or code
-                    break  # one rank failed: the others would wait for it
-            return rc
-        except subprocess.TimeoutExpired:
-            for proc in procs:
-                _kill_group(proc)
-            msg = (
-                f"benchmark ranks did not finish within {timeout_s:.0f} s; killed the "
-                f"launchers' process groups. Last output:\n{_excerpt(log)}"
-            )
-            console.print(f"[red]error:[/red] {msg}", markup=False, highlight=False)
-            raise WorkerFailed(msg) from None
-        finally:  # Ctrl-C, a failed rank, or stragglers of a finished launch
-            for proc in procs:
-                _kill_group(proc)
+    net = None
+    if net_spec is not None:
+        from commgym.env.net import EmulatedNetwork
 
-
-def write_json(result: dict[str, Any], json_path: str | Path | None, console: Console) -> None:
-    """Write a benchmark result as JSON (parents created) when ``json_path`` is given."""
-    if json_path is None:
-        return
-    path = Path(json_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2, default=float))
-    console.print(f"[dim]wrote {path}[/dim]")
-
-
-if __name__ == "__main__":
-    from commgym.experiments.cli import bench_app
-
-    bench_app(prog_name="python -m commgym.experiments.bench")
+        net = EmulatedNetwork(world_size, net_spec, strict=network_strict)
+    where = "loopback" if net is None else f"namespaces shaped to {net.effective_spec}"
+    launch = LaunchConfig(timeout_s=_PG_TIMEOUT_S, threads_per_rank=1)
+    cluster = Cluster(world_size, launch, network=net, start_timeout_s=timeout_s)
+    console.print(
+        f"[dim]launching {world_size} ranks on {where}: -m torch.distributed.run ... "
+        f"-m commgym.env.worker (timeout {timeout_s:.0f} s)[/dim]"
+    )
+    try:
+        cluster.start()
+        raw = cluster.command(command, timeout_s=max(deadline - time.monotonic(), 0.1))[0]
+        return raw, None if net is None else str(net.effective_spec), cluster.launch_command
+    except CommgymError as err:
+        late = time.monotonic() >= deadline
+        msg = (
+            f"benchmark ranks did not finish within {timeout_s:.0f} s; killed them: {err}"
+            if late
+            else f"benchmark ranks failed: {err}"
+        )
+        console.print(f"error: {msg}", markup=False, highlight=False, style="red")
+        raise WorkerFailed(msg) from None
+    finally:  # Ctrl-C, a failed rank, or the end of a finished run
+        cluster.close()
+        if net is not None:
+            net.close()

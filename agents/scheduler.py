@@ -4,7 +4,7 @@ A policy trained on ``commgym/AllReduce-v0`` (or any agent of :data:`AGENTS`) st
 gradient compression, bucket size and local-SGD period of a real ``torchrun`` job::
 
     import torch.distributed as dist
-    from commgym.agents.replay import CommScheduler
+    from commgym.agents.scheduler import CommScheduler
 
     dist.init_process_group("gloo")                     # or "nccl"; torchrun sets the rest
     model = build_model()
@@ -27,7 +27,7 @@ the scheduler
    ``StepStats`` timings and bytes, training loss, held-out loss) and exchanges these
    scalars with ONE small all-gather (18 float64 per rank);
 3. aggregates them with :meth:`commgym.env.measure.DecisionMeasurement.from_ranks` and
-   builds the observation with :meth:`commgym.env.measure.ObservationBuilder.build`, the
+   builds the observation with :meth:`commgym.env.spaces.ObservationBuilder.build`, the
    very code the environment runs, so the policy sees the observation it was trained on;
 4. asks the policy for an action on rank 0 only (``predict(obs, deterministic=True)``),
    broadcasts the three menu indices, and reconfigures the synchronizer on every rank at
@@ -76,7 +76,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from commgym.agents.base import Agent, _LayoutEnv, check_compatible, read_policy_json
+from commgym.agents.base import Agent, LayoutEnv, check_compatible, read_policy_json
 from commgym.collectives import CommConfig, GradientSynchronizer
 from commgym.collectives.ddp_sync import DDPHookSynchronizer
 from commgym.collectives.stats import StepStats
@@ -140,7 +140,7 @@ def resolve_policy(
     """
     from commgym.agents.registry import load_agent, make_agent
 
-    env = _LayoutEnv(menu)
+    env = LayoutEnv(menu)
     if isinstance(policy, Agent):
         check_compatible(policy.layout, env)
         return policy

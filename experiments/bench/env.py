@@ -4,7 +4,8 @@ One ``commgym/AllReduce-v0`` environment (real torchrun gloo ranks) runs ``decis
 steps, either always the DDP default action (``actions="fixed"``) or cycling through
 every entry of the action menu (``actions="cycle"``). For every decision it records
 
-* ``env_step_s``: the env-side wall time of ``step()`` (``info["measured"]``);
+* ``env_step_s``: the env-side wall time of ``step()`` (``info["measured"]``, beside the
+  decision's :class:`~commgym.env.measure.DecisionMeasurement`);
 * ``train_time_s``: the slowest rank's own measured training time of the same
   ``steps_per_decision`` iterations (including decision-boundary consensus);
 * ``command_s``: the round trip of the control-plane command inside ``step()`` (timed by
@@ -28,7 +29,7 @@ Where the overhead goes (measured without changing the environment):
 Two local estimates (in this process, ``threads_per_rank`` torch threads, ranks idle) put
 numbers on the evaluation and on the per-iteration batch fetch.
 
-Run as ``commgym bench env [options]`` or ``python -m commgym.experiments.bench_env env
+Run as ``commgym bench env [options]`` or ``python -m commgym.experiments.bench env
 [options]`` (the same typer command).
 """
 
@@ -348,6 +349,7 @@ def run_env_benchmark(
 
     import commgym.env  # noqa: F401 - registers commgym/AllReduce-v0
     from commgym.collectives import WorkerFailed
+    from commgym.env.measure import measurement_from_info
 
     if actions not in ACTIONS:
         raise ValueError(f"actions must be one of {list(ACTIONS)}, got {actions!r}")
@@ -389,15 +391,16 @@ def run_env_benchmark(
             _, _, terminated, truncated, info = env.step(a)
             if "failure" in info:
                 raise WorkerFailed(f"the ranks failed during the benchmark: {info['failure']}")
-            m = info["measured"]
+            measured = measurement_from_info(info)
             cmd_s = round_trips[-1] if len(round_trips) > n_before else math.nan
             records.append(
                 {
                     "config": info["config"],
-                    "env_step_s": float(m["env_step_s"]),
-                    "train_time_s": float(m["train_time_s"]),
+                    # the env's own timing of step(), carried next to the measurement
+                    "env_step_s": float(info["measured"]["env_step_s"]),
+                    "train_time_s": float(measured.train_time_s),
                     "command_s": cmd_s,
-                    "eval_loss": float(m["eval_loss"]),
+                    "eval_loss": float(measured.eval_loss),
                 }
             )
             if (terminated or truncated) and len(records) < decisions:
@@ -454,9 +457,3 @@ def run_env_benchmark(
     _print_report(console, result)
     write_json(result, json_path, console)
     return result
-
-
-if __name__ == "__main__":
-    from commgym.experiments.cli import bench_app
-
-    bench_app(prog_name="python -m commgym.experiments.bench_env")

@@ -1,8 +1,8 @@
-"""``commgym bench collectives`` and ``commgym bench surrogate``.
+"""``commgym bench collectives``: all-reduce / all-gather on real ranks, the alpha-beta prior.
 
-``collectives`` times all-reduce and all-gather of a few sizes on real ranks and fits the
-alpha-beta prior of the surrogate (:class:`~commgym.env.surrogate.AlphaBeta`);
-``surrogate`` measures ``commgym/Surrogate-v0`` env steps per second on one core.
+Times all-reduce and all-gather of a few sizes on real ranks (the worker's
+``allreduce_bench`` / ``allgather_bench`` commands) and fits the alpha-beta prior of the
+surrogate (:class:`~commgym.env.surrogate.AlphaBeta`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["run_collectives_benchmark", "run_surrogate_benchmark"]
+__all__ = ["run_collectives_benchmark"]
 
 console = Console()
 
@@ -56,28 +56,3 @@ def run_collectives_benchmark(
     if json_path is not None:
         Path(json_path).write_text(json.dumps(samples))
     return {"samples": samples, "alpha_s": ab.alpha_s, "beta_s_per_byte": ab.beta_s_per_byte}
-
-
-def run_surrogate_benchmark(model_path: str | Path, steps: int = 20000) -> float:
-    """Steps per second of ``gymnasium.make("commgym/Surrogate-v0")`` (random actions).
-
-    A model fitted on shaped links is stepped with ``network={"profiles": [...]}`` of its
-    fitted rates (a seeded rate per episode), so the figure includes the link look-up.
-    """
-    import gymnasium as gym
-
-    import commgym.env  # noqa: F401 - registers the env
-    from commgym.env.net import NetworkSpec
-    from commgym.env.surrogate import UNSHAPED_LINK_GBPS, SurrogateModel, benchmark_steps
-
-    model = SurrogateModel.load(model_path)
-    # time the links the model was fitted on: a seeded profile per episode, as collected
-    shaped = [
-        str(NetworkSpec(round(r * 1e9))) for r in model.link_rates_gbps if r < UNSHAPED_LINK_GBPS
-    ]
-    network = {"profiles": shaped} if shaped else None
-    env = gym.make("commgym/Surrogate-v0", model_path=model, network=network)
-    rate = benchmark_steps(env, steps)
-    links = f", links {', '.join(shaped)} per episode" if shaped else ""
-    console.print(f"commgym/Surrogate-v0: {rate:,.0f} env steps/s ({steps} steps, one core{links})")
-    return rate

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from commgym.agents import PPOAgent, StaticAgent
-from commgym.agents.base import _LayoutEnv
-from commgym.agents.replay import EXCHANGED_FIELDS, CommScheduler, resolve_policy
+from commgym.agents.base import LayoutEnv
+from commgym.agents.scheduler import EXCHANGED_FIELDS, CommScheduler, resolve_policy
 from commgym.env.measure import DecisionMeasurement
 from commgym.env.spaces import ActionMenu, ObservationBuilder
 
@@ -30,7 +30,7 @@ OTHER_MENU = ActionMenu(compression=("none", "fp16"), bucket_mb=(25.0,), sync_pe
 
 
 def save_static(path: Path, preset: str, menu: ActionMenu | None = None) -> Path:
-    return StaticAgent(_LayoutEnv(menu or ActionMenu()), preset=preset).save(path)
+    return StaticAgent(LayoutEnv(menu or ActionMenu()), preset=preset).save(path)
 
 
 def _model() -> torch.nn.Module:
@@ -182,7 +182,7 @@ def test_example_follows_policy_and_ranks_agree(tmp_path):
 
 
 def test_example_with_saved_ppo_policy_decides_fast(tmp_path):
-    policy = PPOAgent(_LayoutEnv(ActionMenu()), seed=0).save(tmp_path / "ppo.zip")
+    policy = PPOAgent(LayoutEnv(ActionMenu()), seed=0).save(tmp_path / "ppo.zip")
     out = tmp_path / "result.json"
     _torchrun(policy, out, steps=60)
     res = json.loads(out.read_text())

@@ -19,8 +19,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from commgym.agents.base import StepAgent, _LayoutEnv
-from commgym.agents.replay import CommScheduler, policy_mismatch
+from commgym.agents.base import LayoutEnv, StepAgent
+from commgym.agents.scheduler import CommScheduler, policy_mismatch
 from commgym.env.spaces import ActionMenu
 from tests.collectives.test_ddp_semantics import BNNet, _images
 
@@ -46,7 +46,7 @@ def _build(rank, wrapper="ddp"):
     else:  # CommScheduler wraps the plain module with a GradientSynchronizer
         ddp = model
     opt = torch.optim.AdamW(ddp.parameters(), lr=0.02, weight_decay=0.01)
-    policy = CyclePolicy(_LayoutEnv(ActionMenu()))
+    policy = CyclePolicy(LayoutEnv(ActionMenu()))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no time budget; bucket size stays DDP's
         sched = CommScheduler(ddp, opt, policy, decision_every=2, seed=5)

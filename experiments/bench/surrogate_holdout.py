@@ -13,13 +13,12 @@ percentage error, Kendall tau of configurations) on what it did not see:
   (``unseen``);
 * **held-out files**: transitions recorded in another run (``holdout_data``).
 
-Run: ``python -m commgym.experiments.bench_surrogate --data T.csv --bench T.bench.json
---config SCENARIO.yaml --holdout-rate 0.25 --holdout-every 4 --holdout-configs 0.2``.
+Run: ``commgym bench surrogate-holdout --data T.csv --bench T.bench.json --config
+SCENARIO.yaml --holdout-rate 0.25 --holdout-every 4 --holdout-configs 0.2``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Sequence
@@ -61,13 +60,13 @@ def split_holdout(
         ValueError: ``holdout_every`` < 0, a fraction outside ``[0, 1)``, or nothing
             left to fit.
     """
-    from commgym.env.surrogate.record import _link_rates
+    from commgym.env.surrogate.record import link_rates
 
     if holdout_every < 0:
         raise ValueError(f"holdout_every must be >= 0, got {holdout_every}")
     if not 0.0 <= holdout_configs_frac < 1.0:
         raise ValueError(f"holdout_configs_frac must be in [0, 1), got {holdout_configs_frac}")
-    rates = _link_rates(df)
+    rates = link_rates(df)
     by_rate = np.zeros(len(df), dtype=bool)
     for r in holdout_rates_gbps:
         by_rate |= np.isclose(rates, float(r))
@@ -113,20 +112,15 @@ def run_surrogate_holdout_benchmark(
     Returns:
         ``{"fit_rows", "fit_s", "steps_per_s", "reports": {name: holdout_report}}``.
     """
-    import gymnasium as gym
-
-    import commgym.env  # noqa: F401 - registers the env
-    from commgym.env.net import NetworkSpec
     from commgym.env.spaces import ActionMenu
     from commgym.env.surrogate import (
-        UNSHAPED_LINK_GBPS,
         AlphaBeta,
         SurrogateModel,
-        benchmark_steps,
         format_holdout_report,
         holdout_report,
         read_transitions,
     )
+    from commgym.experiments.bench.surrogate import time_surrogate
 
     fit, held = split_holdout(
         read_transitions(*data), holdout_rates_gbps=holdout_rates_gbps,
@@ -148,42 +142,6 @@ def run_surrogate_holdout_benchmark(
     for name, part in held.items():
         reports[name] = holdout_report(model, part)
         console.print(f"[bold]{name}[/bold]\n{format_holdout_report(reports[name])}")
-    shaped = [
-        str(NetworkSpec(round(r * 1e9))) for r in model.link_rates_gbps if r < UNSHAPED_LINK_GBPS
-    ]
-    env = gym.make(
-        "commgym/Surrogate-v0", model_path=model,
-        network={"profiles": shaped} if shaped else None,
-    )  # fmt: skip
-    rate = benchmark_steps(env, steps)
+    rate, _ = time_surrogate(model, steps)
     console.print(f"commgym/Surrogate-v0: {rate:,.0f} env steps/s ({steps} steps, one core)")
     return {"fit_rows": len(fit), "fit_s": fit_s, "steps_per_s": rate, "reports": reports}
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command line of :func:`run_surrogate_holdout_benchmark`."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", required=True, help="comma-separated transition files")
-    ap.add_argument("--bench", default=None, help="the collection's .bench.json")
-    ap.add_argument("--config", default=None, help="scenario the data was collected with")
-    ap.add_argument("--holdout-rate", type=float, action="append", default=[], help="Gbit/s")
-    ap.add_argument("--holdout-every", type=int, default=0)
-    ap.add_argument("--holdout-configs", type=float, default=0.0, help="fraction of entries")
-    ap.add_argument("--holdout-data", default="", help="comma-separated transition files")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=20000)
-    args = ap.parse_args(argv)
-    from commgym.experiments.config import load_run_config
-
-    menu = load_run_config(args.config or "default").env.get("action_menu")
-    run_surrogate_holdout_benchmark(
-        [d for d in args.data.split(",") if d], bench=args.bench, menu=menu,
-        holdout_rates_gbps=args.holdout_rate, holdout_every=args.holdout_every,
-        holdout_configs_frac=args.holdout_configs,
-        holdout_data=[d for d in args.holdout_data.split(",") if d], seed=args.seed,
-        steps=args.steps,
-    )  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()

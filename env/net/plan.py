@@ -1,4 +1,15 @@
-"""Network specs (``"1gbit:100us:jitter=20us:loss=0.1%"``), named profiles and schedules."""
+"""What network an episode runs on: link specs, named profiles, schedules, and the plan.
+
+A :class:`NetworkSpec` (``"1gbit:100us:jitter=20us:loss=0.1%"`` or a profile name of
+:data:`PROFILES`) describes one link; a :class:`NetworkSchedule` a link that changes over
+training time. :class:`NetworkPlan` is an env's ``network`` option (every form users write
+in YAML or on the command line: ``None``, a spec, a schedule, ``{"schedule": [...],
+"shift_s": s}``, ``{"profiles": [...]}``) parsed once into one typed value, which the real
+env, the surrogate, the transition recorder and the tables read: the link of each episode
+(:meth:`NetworkPlan.for_episode`), its title (:meth:`NetworkPlan.label`) and the specs it
+may put in force (:attr:`NetworkPlan.specs`). :func:`link_rate_gbps` is the one reader of
+a configured rate (``info["network"]``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +21,7 @@ import math
 import random
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 #: Named network profiles (values are spec strings; see :meth:`NetworkSpec.parse`).
 #:
@@ -211,6 +223,11 @@ class NetworkSpec:
         """The link rate in bytes per second."""
         return self.rate_bit_s / 8
 
+    @property
+    def rate_gbps(self) -> float:
+        """The link rate in Gbit/s (decimal: ``rate_bit_s / 1e9``)."""
+        return self.rate_bit_s / 1e9
+
     def without_impairments(self) -> NetworkSpec:
         """Returns this spec with delay, jitter and loss removed (rate only)."""
         return NetworkSpec(self.rate_bit_s)
@@ -341,3 +358,153 @@ def choose_profile(profiles: Sequence[str | NetworkSpec], seed: int | None) -> N
     if not specs:
         raise ValueError("choose_profile needs at least one profile or spec")
     return random.Random(seed).choice(specs)
+
+
+#: Rate, Gbit/s, that stands for an unshaped link (``info["network"]`` is ``None``:
+#: loopback or a real cluster's own network) where a number is needed: far above any
+#: emulated rate, so the surrogate's ``log(rate)`` feature separates it from every shaped
+#: link and its prior adds no wire term for it.
+UNSHAPED_LINK_GBPS = 1e4
+
+
+def link_rate_gbps(
+    network: str | NetworkSpec | None, *, unshaped: float = UNSHAPED_LINK_GBPS
+) -> float:
+    """Configured link rate, Gbit/s, of an ``info["network"]`` value (the one reader of it).
+
+    Args:
+        network: a spec string (``"1gbit"``, ``"100mbit:5ms"``, a profile name), a
+            :class:`NetworkSpec`, or ``None`` / NaN (an unshaped link).
+        unshaped: what an unshaped link reads as: :data:`UNSHAPED_LINK_GBPS` (the
+            transition recorder and the surrogate) or NaN (tables and plots: no rate).
+
+    Returns:
+        :attr:`NetworkSpec.rate_gbps` of the parsed spec; ``unshaped`` without one.
+
+    Raises:
+        ValueError: a malformed spec (from :meth:`NetworkSpec.parse`).
+    """
+    if network is None or (isinstance(network, float) and math.isnan(network)):
+        return unshaped
+    return NetworkSpec.parse(network).rate_gbps
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkPlan:
+    """An env's ``network`` option, parsed once (:meth:`parse`); what every reader reads.
+
+    Attributes:
+        kind: ``"unshaped"`` (loopback, no emulation), ``"fixed"`` (one link for every
+            episode), ``"schedule"`` (a link that changes with training time, its switches
+            shifted per episode by ``schedule.shift_s``) or ``"profiles"`` (one link per
+            episode, drawn from the episode seed).
+        schedule: the link over training time for ``fixed`` (one entry) and ``schedule``;
+            ``None`` otherwise.
+        profiles: the links ``profiles`` draws from; empty otherwise.
+        source: the option as written (YAML or command line), which titles quote.
+    """
+
+    kind: str = "unshaped"
+    schedule: NetworkSchedule | None = None
+    profiles: tuple[NetworkSpec, ...] = ()
+    source: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        expected = {
+            "unshaped": self.schedule is None and not self.profiles,
+            "fixed": self.schedule is not None and len(self.schedule) == 1 and not self.profiles,
+            "schedule": self.schedule is not None and not self.profiles,
+            "profiles": self.schedule is None and bool(self.profiles),
+        }
+        if not expected.get(self.kind, False):
+            raise ValueError(
+                f"inconsistent network plan: kind {self.kind!r} with schedule "
+                f"{self.schedule!r} and profiles {self.profiles!r}"
+            )
+
+    @classmethod
+    def parse(cls, network: Any) -> NetworkPlan:
+        """Validate an env's ``network`` option.
+
+        Args:
+            network: ``None``; a spec or profile string (``"1gbit"``, ``"ethernet-1g"``);
+                a schedule ``[[elapsed_training_s, spec], ...]``; ``{"schedule": [...],
+                "shift_s": s}``; or ``{"profiles": [spec, ...]}``.
+
+        Returns:
+            The plan (kind ``"unshaped"`` for ``None``).
+
+        Raises:
+            ValueError: another form, an unknown dict key, empty profiles, or a malformed
+                spec or schedule (the message names the valid forms).
+        """
+        if network is None:
+            return cls()
+        if isinstance(network, str):
+            return cls("fixed", NetworkSchedule.parse(network), source=network)
+        source, shift_s = network, 0.0
+        if isinstance(network, dict):
+            keys = set(network)
+            if keys not in ({"profiles"}, {"schedule"}, {"schedule", "shift_s"}):
+                raise ValueError(
+                    "network dict must be {'profiles': [...]} or {'schedule': [[t, spec], ...]} "
+                    f"with an optional 'shift_s' (seconds) next to 'schedule', got {network!r}"
+                )
+            if "profiles" in network:
+                profiles = tuple(NetworkSpec.parse(p) for p in network["profiles"])
+                if not profiles:
+                    raise ValueError("network profiles must not be empty")
+                return cls("profiles", profiles=profiles, source=source)
+            shift_s = network.get("shift_s", 0.0)
+            network = network["schedule"]
+        if isinstance(network, list | tuple):
+            schedule = NetworkSchedule.parse([tuple(x) for x in network], shift_s)
+            return cls("schedule", schedule, source=source)
+        raise ValueError(
+            "network must be None, a spec string, a schedule list or a profiles dict, got "
+            f"{network!r}"
+        )
+
+    @property
+    def emulated(self) -> bool:
+        """Whether the ranks run on emulated links (every kind but ``unshaped``)."""
+        return self.kind != "unshaped"
+
+    @property
+    def specs(self) -> tuple[NetworkSpec, ...]:
+        """Every link spec the plan may put in force, in the order written."""
+        if self.schedule is not None:
+            return tuple(spec for _, spec in self.schedule)
+        return self.profiles
+
+    def for_episode(self, episode_seed: int | None) -> NetworkSchedule | None:
+        """One episode's link over its training time (the real env and the surrogate read it).
+
+        Args:
+            episode_seed: the episode's seed: picks the profile (:func:`choose_profile`) and
+                shifts a schedule's switches (:meth:`NetworkSchedule.for_episode`).
+
+        Returns:
+            A :class:`NetworkSchedule` (one entry for a fixed spec or a profile;
+            ``spec_at(elapsed_training_s)`` gives the link in force), or ``None`` for an
+            unshaped link.
+        """
+        if self.kind == "profiles":
+            return NetworkSchedule.parse(choose_profile(self.profiles, episode_seed))
+        if self.schedule is None:
+            return None
+        return self.schedule.for_episode(episode_seed)
+
+    def label(self) -> str:
+        """How a table or figure title names the network (the specs as written)."""
+        network = self.source
+        if self.kind == "unshaped":
+            return "loopback (unshaped)"
+        if self.kind == "fixed":
+            return f"emulated {network}"
+        if self.kind == "profiles":
+            return f"emulated, per episode one of {' / '.join(map(str, network['profiles']))}"
+        entries = network.get("schedule", []) if isinstance(network, dict) else network
+        shift = network.get("shift_s") if isinstance(network, dict) else None
+        steps = " -> ".join(f"{spec} at {t:g} s" for t, spec in entries)
+        return f"emulated schedule {steps}" + (f" (switches shifted ±{shift:g} s)" if shift else "")

@@ -1,0 +1,390 @@
+"""Evaluation on real ranks: agents compared over the same seeds, baselines prepared, tables.
+
+``commgym evaluate`` is :func:`evaluate`; ``commgym train`` ends with
+:func:`compare_with_baselines` and :func:`sim_to_real_gap`, and the leaderboard builds its
+scenarios from :func:`prepare_baseline` and :func:`compare`. Every episode is run by the one
+rollout (:func:`~commgym.agents.rollout.rollout`) and comes back as its
+:class:`~commgym.agents.rollout.Episode`; every evaluation episode is an MLflow child run
+(explicit ``parent_run_id``) whose per-decision metrics come from
+:class:`~commgym.experiments.tracking.TrackingWrapper`. What an agent cost before it was
+evaluated is a :class:`TrainingCost`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+from rich.table import Table
+
+from commgym.agents.rollout import Episode, rollout
+from commgym.experiments.config import RunConfig
+from commgym.experiments.progress import console, phase
+from commgym.experiments.session import announce, make_env, parent_params, slug, start_ranks
+
+__all__ = [
+    "TrainingClock",
+    "TrainingCost",
+    "compare",
+    "compare_with_baselines",
+    "evaluate",
+    "mean_pm",
+    "prepare_baseline",
+    "print_table",
+    "return_label",
+    "sim_to_real_gap",
+]
+
+
+@dataclass
+class TrainingCost:
+    """What preparing an agent cost before it was evaluated (reported next to results).
+
+    Attributes:
+        real_decisions: real decisions spent: recorded for the surrogate, learned on real
+            ranks, fine-tuned on real ranks, or tuned on (baselines).
+        wall_s: wall time of all of it, seconds (collection, fitting, learning).
+        parts: the same wall time by phase (``collect_s``, ``fit_s``, ``learn_s``,
+            ``fine_tune_s``, ``tune_s``, ``search_s``), seconds.
+    """
+
+    real_decisions: int = 0
+    wall_s: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def add(self, part: str, seconds: float, real_decisions: int = 0) -> None:
+        """Count one phase."""
+        self.parts[part] = self.parts.get(part, 0.0) + seconds
+        self.wall_s += seconds
+        self.real_decisions += real_decisions
+
+
+class TrainingClock:
+    """A rollout's ``on_step`` that advances a progress bar by the episode's training seconds.
+
+    Args:
+        advance: the bar's advance function (:func:`~commgym.experiments.progress.phase`).
+    """
+
+    def __init__(self, advance: Callable[[float], None]) -> None:
+        self.advance = advance
+        #: training seconds of the episode shown so far
+        self.done_s = 0.0
+
+    def __call__(self, step: dict[str, Any]) -> None:  # noqa: D102 - a StepCallback
+        t = float(step["info"].get("train_time_s", self.done_s))
+        self.advance(max(t - self.done_s, 0.0))
+        self.done_s = max(t, self.done_s)
+
+
+def mean_pm(values: list[float], fmt: str) -> str:
+    """``mean ± 95 % half-width``; just the mean for one seed (no interval exists)."""
+    from commgym.experiments.plots import mean_ci
+
+    mean, half, n = mean_ci(values)
+    if not math.isfinite(mean):
+        return "-"
+    return f"{mean:{fmt}}" if n < 2 or not math.isfinite(half) else f"{mean:{fmt}} ± {half:{fmt}}"
+
+
+def return_label(cfg: RunConfig) -> str:
+    """What the episode return measures under the scenario's reward."""
+    reward = cfg.env.get("reward", "log_progress")
+    return {
+        "log_progress": "return: log-loss decrease in budget",
+        "time_to_target": "return: -time to target / budget",
+        "throughput": "return: samples/s/1000 summed",
+    }.get(reward, f"return ({reward})")
+
+
+def print_table(
+    results: dict[str, list[Episode]], cfg: RunConfig, *, show_return: bool = True
+) -> Table:
+    """The comparison table (one row per agent: means over its seeds), printed and returned."""
+    budget = cfg.env.get("time_budget_s", "default")
+    target = cfg.env.get("target_loss")
+    goal = f", target held-out loss {target}" if target is not None else ", no target loss"
+    seeds = max((len(v) for v in results.values()), default=0)
+    stat = "mean ± 95% CI" if seeds > 1 else "one seed: no interval"
+    table = Table(
+        title=f"{cfg.env.get('workload', 'mlp-digits')}, {cfg.env.get('world_size', 2)} ranks, "
+        f"{cfg.env_config.network_plan.label()}, {seeds} seed{'s' if seeds != 1 else ''}, "
+        f"training budget {budget} s per episode{goal} ({stat})"
+    )
+    cols = ["agent", return_label(cfg), "final eval loss", "accuracy", "bytes/step"]
+    cols += ["time to target s", "decisions"]
+    if not show_return:
+        cols.remove(return_label(cfg))
+    for col in cols:
+        table.add_column(col, justify="left" if col == "agent" else "right")
+    for name, eps in results.items():
+        acc = statistics.fmean(e.final_eval_acc for e in eps)
+        ttt = [e.time_to_target_s for e in eps if e.time_to_target_s is not None]
+        if target is None:
+            reached = "no target"
+        elif ttt:
+            reached = f"{statistics.fmean(ttt):.2f} ({len(ttt)}/{len(eps)})"
+        else:
+            reached = f"not reached (0/{len(eps)})"
+        ret = [mean_pm([e.episode_return for e in eps], ".3f")] if show_return else []
+        table.add_row(
+            name,
+            *ret,
+            mean_pm([e.final_eval_loss for e in eps], ".4f"),
+            f"{acc:.3f}" if math.isfinite(acc) else "-",
+            f"{statistics.fmean(e.bytes_per_step for e in eps):,.0f}",
+            reached,
+            f"{statistics.fmean(e.decisions for e in eps):.1f}",
+        )
+    console.print(table)
+    return table
+
+
+def _evaluation_phase(cfg: RunConfig, runs: int, what: str) -> Any:
+    """Progress over ``runs`` episodes, counted in training seconds of the budget."""
+    budget = float(cfg.env.get("time_budget_s", 0) or 0)
+    if budget > 0 and math.isfinite(budget):
+        return phase(what, runs * budget, unit="s of training")
+    return phase(what, runs, unit="episodes")
+
+
+def compare(
+    cfg: RunConfig,
+    env: gym.Env,
+    agents: dict[str, Any],
+    tracker: Any,
+    parent_id: str | None,
+    out: Path,
+    scenario: str | None = None,
+) -> tuple[dict[str, list[Episode]], list[Path]]:
+    """Every agent on the same seeds on real ranks; returns the episodes and the figures.
+
+    Each agent plays ``cfg.episodes`` episodes (seeds ``cfg.eval_seed + i``), each an MLflow
+    child run of ``parent_id`` with its ``decisions-<agent>-seed<s>.csv``; then the
+    timelines, ``comparison.png`` and ``loss-curves.png`` are drawn into ``out``.
+    ``scenario`` (a leaderboard's scenario name) prefixes the child runs' names and is
+    logged as their ``scenario`` parameter.
+    """
+    from commgym.experiments.plots import (
+        action_timeline_plot,
+        comparison_plot,
+        loss_curves_plot,
+    )
+    from commgym.experiments.tracking import TrackingWrapper
+
+    target = cfg.env.get("target_loss")
+    network = cfg.env_config.network_plan.label()
+    results: dict[str, list[Episode]] = {}
+    figures: list[Path] = []
+    runs = len(agents) * cfg.episodes
+    with _evaluation_phase(cfg, runs, f"evaluating {len(agents)} agents on real ranks") as adv:
+        by_time = float(cfg.env.get("time_budget_s", 0) or 0) > 0
+        for name, agent in agents.items():
+            results[name] = []
+            for i in range(cfg.episodes):
+                seed = cfg.eval_seed + i
+                clock = TrainingClock(adv)
+                extra = {} if scenario is None else {"scenario": scenario}
+                with tracker.start_run(
+                    f"{scenario + '-' if scenario else ''}eval-{name}-seed{seed}",
+                    params={"agent": name, "seed": seed, **extra},
+                    tags={"commgym.role": "evaluation"},
+                    parent_run_id=parent_id,
+                ) as run:
+                    wrapped = TrackingWrapper(env, run)
+                    res = rollout(
+                        wrapped, agent, seed, target_loss=target, on_step=clock if by_time else None
+                    )
+                    csv = out / f"decisions-{slug(name)}-seed{seed}.csv"
+                    wrapped.write_csv(csv)
+                    run.log_artifact(csv)
+                    run.log_metrics(
+                        {
+                            "eval/return": res.episode_return,
+                            "eval/final_eval_loss": res.final_eval_loss,
+                            "eval/final_eval_acc": res.final_eval_acc,
+                            "eval/bytes_per_step": res.bytes_per_step,
+                            "eval/decisions": res.decisions,
+                            "eval/time_to_target_s": res.time_to_target_s,
+                        },
+                        step=0,
+                    )
+                    results[name].append(res)
+                # an episode that ended early (target, failure) finishes its share
+                adv(float(cfg.env["time_budget_s"]) - clock.done_s if by_time else 1.0)
+    for name, eps in results.items():
+        if any(e.steps for e in eps):
+            figures.append(
+                action_timeline_plot(
+                    {f"seed {e.seed}": e.rows for e in eps},
+                    out / f"timeline-{slug(name)}.png",
+                    title=f"{name}, {network}",
+                    target_loss=target,
+                )
+            )
+    panels: dict[str, dict[str, list[float]]] = {
+        return_label(cfg): {n: [e.episode_return for e in r] for n, r in results.items()}
+    }
+    if target is not None:  # seeds that never reached the target are left out (n= says so)
+        panels["time to target (s)"] = {
+            n: [math.nan if e.time_to_target_s is None else e.time_to_target_s for e in r]
+            for n, r in results.items()
+        }
+    panels["bytes per step (B)"] = {n: [e.bytes_per_step for e in r] for n, r in results.items()}
+    figures.append(comparison_plot(panels, None, out / "comparison.png"))
+    figures.append(
+        loss_curves_plot(
+            {n: [e.rows for e in r] for n, r in results.items()},
+            out / "loss-curves.png",
+            target_loss=target,
+            title=f"held-out loss vs training time, {network}",
+        )
+    )
+    return results, figures
+
+
+def prepare_baseline(name: str, env: gym.Env, cfg: RunConfig) -> tuple[Any, TrainingCost]:
+    """Build a baseline agent; tuners (bayesopt, grid, bandit, ...) tune first on the env.
+
+    A tuner gets ``cfg.resolved_tuning_decisions`` real decisions (by default as many as
+    the learned agent saw on real ranks); their wall time is printed as its tuning cost.
+    Agents that declare ``online = True`` (``autotune``: it tunes inside every episode, so
+    its tuning already counts in the measured time) and static presets get no tuning
+    phase; ``oracle-static`` runs its exhaustive search (``search_s``).
+
+    Returns:
+        ``(agent, cost)``.
+    """
+    from commgym.agents import AGENTS, make_agent
+
+    cost = TrainingCost()
+    kwargs: dict[str, Any] = {"seed": cfg.seed, **cfg.baseline_kwargs.get(name, {})}
+    cls = AGENTS.get(name.split(":", 1)[0])
+    if cls is not None and cls.oracle:
+        kwargs["seeds"] = [cfg.eval_seed + i for i in range(cfg.episodes)]
+    agent = make_agent(name, env, **kwargs)
+    if agent.oracle:
+        t0 = time.perf_counter()
+        with phase(f"{name}: every menu entry on the evaluation seeds"):
+            agent.learn()
+        cost.add("search_s", time.perf_counter() - t0, int(agent.search_decisions))
+        console.print(
+            f"{name} searched {len(agent.ranking)} entries in {cost.wall_s:.1f} s "
+            f"({agent.search_decisions} real decisions; search cost, reported apart)"
+        )
+    elif not name.startswith("static:") and name != "random" and not agent.online:
+        n = cfg.resolved_tuning_decisions
+        t0 = time.perf_counter()
+        with phase(f"tuning baseline {name} on real ranks", n, unit="decisions") as adv:
+            agent.learn(n, callback=lambda _: adv(1))
+        cost.add("tune_s", time.perf_counter() - t0, n)
+        console.print(
+            f"baseline {name} tuned on {n} real decisions in {cost.wall_s:.1f} s "
+            "(tuning cost; set with --tuning-decisions)"
+        )
+    return agent, cost
+
+
+def compare_with_baselines(
+    cfg: RunConfig, env: gym.Env, name: str, agent: Any, tracker: Any, parent: Any, out: Path
+) -> dict[str, list[Episode]]:
+    """Evaluate ``agent`` and ``cfg.baselines`` on the same seeds; log, plot and print."""
+    agents = {name: agent}
+    for b in cfg.baselines:
+        agents[b], _ = prepare_baseline(b, env, cfg)
+    results, figures = compare(cfg, env, agents, tracker, parent.run_id, out)
+    for fig in figures:
+        parent.log_artifact(fig)
+    print_table(results, cfg)
+    _log_summary(parent, results)
+    return results
+
+
+def _log_summary(run: Any, results: dict[str, list[Episode]]) -> None:
+    from commgym.experiments.plots import mean_ci
+
+    for i, (name, eps) in enumerate(results.items()):
+        mean, half, _ = mean_ci([e.episode_return for e in eps])
+        run.log_metrics(
+            {
+                f"compare/{slug(name)}/return_mean": mean,
+                f"compare/{slug(name)}/return_ci95": half,
+                f"compare/{slug(name)}/final_eval_loss": statistics.fmean(
+                    e.final_eval_loss for e in eps
+                ),
+            },
+            step=i,
+        )
+
+
+def sim_to_real_gap(
+    cfg: RunConfig,
+    surrogate: gym.Env,
+    agent: Any,
+    real: list[Episode],
+    run: Any,
+    prefix: str = "",
+) -> float:
+    """Return on the surrogate minus return on real ranks, same policy and seeds.
+
+    Logs ``<prefix>sim2real/surrogate_return``, ``<prefix>sim2real/real_return`` and
+    ``<prefix>sim2real/gap``.
+    """
+    target = cfg.env.get("target_loss")
+    sim = [rollout(surrogate, agent, r.seed, target_loss=target).episode_return for r in real]
+    sim_mean = statistics.fmean(sim)
+    real_mean = statistics.fmean(r.episode_return for r in real)
+    gap = sim_mean - real_mean
+    run.log_metrics(
+        {
+            f"{prefix}sim2real/surrogate_return": sim_mean,
+            f"{prefix}sim2real/real_return": real_mean,
+            f"{prefix}sim2real/gap": gap,
+        },
+        step=0,
+    )
+    console.print(
+        f"sim-to-real gap: surrogate return {sim_mean:.3f} - real return {real_mean:.3f} "
+        f"= {gap:+.3f} (same policy, seeds {[r.seed for r in real]})"
+    )
+    return gap
+
+
+def evaluate(cfg: RunConfig, policy: str | Path) -> dict[str, list[Episode]]:
+    """``commgym evaluate``: a saved policy against ``cfg.baselines`` over ``cfg.episodes`` seeds.
+
+    Raises:
+        FileNotFoundError: the policy file does not exist.
+        ValueError: the file is not a commgym policy, or it was trained for a different
+            action menu / observation layout (checked before anything is created).
+    """
+    from commgym.agents import load_agent
+    from commgym.agents.base import read_policy_json
+    from commgym.experiments.tracking import Tracker
+
+    read_policy_json(policy)  # missing or garbage files fail before anything is created
+    env = make_env(cfg)  # starts no ranks yet
+    try:
+        agent = load_agent(policy, env=env)  # layout checked before anything is created
+        out = Path(cfg.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        tracker = Tracker(cfg.tracking_uri, experiment=cfg.experiment)
+        announce(tracker)
+        with tracker.start_run("evaluate", tags={"commgym.command": "evaluate"}) as parent:
+            parent.log_params(parent_params(cfg, {"policy": str(policy)}))
+            parent.log_artifact(Path(policy))
+            start_ranks(cfg, env)
+            results = compare_with_baselines(
+                cfg, env, f"policy ({Path(policy).name})", agent, tracker, parent, out
+            )
+    finally:
+        env.close()
+    console.print(f"figures and CSVs: [bold]{out}/[/bold] (comparison.png, loss-curves.png, ...)")
+    announce(tracker)
+    return results
