@@ -36,6 +36,7 @@ from commgym.agents.baselines import (
 )
 from commgym.agents.bayesopt import BayesOptAgent
 from commgym.agents.oracle import OracleEntry, OracleStaticAgent
+from commgym.agents.oracle_adaptive import OracleAdaptiveAgent, ScheduleAgent
 from commgym.agents.registry import AGENTS, agent_names, load_agent, make_agent
 from commgym.agents.rollout import Episode, EpisodeStep, rollout
 from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent, SB3Agent
@@ -54,7 +55,9 @@ __all__ = [
     "EpisodeStep",
     "GridAgent",
     "OracleEntry",
+    "OracleAdaptiveAgent",
     "OracleStaticAgent",
+    "ScheduleAgent",
     "PPOAgent",
     "RandomAgent",
     "SB3Agent",

@@ -21,6 +21,7 @@ from commgym.agents.baselines import (
 )
 from commgym.agents.bayesopt import BayesOptAgent
 from commgym.agents.oracle import OracleStaticAgent
+from commgym.agents.oracle_adaptive import OracleAdaptiveAgent
 from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent
 
 __all__ = ["AGENTS", "agent_names", "load_agent", "make_agent"]
@@ -35,6 +36,7 @@ AGENTS: dict[str, type[Agent]] = {
         BayesOptAgent,
         AutotuneAgent,
         OracleStaticAgent,
+        OracleAdaptiveAgent,
         SlidingWindowUCBAgent,
         AccordionAgent,
         AdaCommAgent,

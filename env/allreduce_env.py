@@ -393,7 +393,7 @@ class AllReduceEnv(gym.Env):
         if self._net_spec is not None:
             info["network"] = str(self._net_spec)
         straggler = self._stragglers.value_at(self._train_time_s)
-        info["stragglers"] = str(straggler)
+        info["condition"] = self.condition_at(self._train_time_s)
         t0 = time.perf_counter()
         try:
             replies = self._cluster.command(  # type: ignore[union-attr]
@@ -525,11 +525,16 @@ class AllReduceEnv(gym.Env):
         if self._schedule is not None:
             times |= {t for t, _ in self._schedule}
         times |= set(self._stragglers.boundaries)
-        out = []
-        for t in sorted(times):
-            net = "loopback" if self._schedule is None else str(self._schedule.spec_at(t))
-            out.append((t, f"{net}, stragglers {self._stragglers.value_at(t)}"))
-        return out
+        return [(t, self.condition_at(t)) for t in sorted(times)]
+
+    def condition_at(self, train_time_s: float) -> str:
+        """The conditions in force after ``train_time_s`` of the running episode, as a label.
+
+        ``"<link>, stragglers <spec>"``: the link spec (``loopback`` when unshaped) and
+        the straggler jitter (``off`` without). Decisions carry it in ``info["condition"]``.
+        """
+        net = "loopback" if self._schedule is None else str(self._schedule.spec_at(train_time_s))
+        return f"{net}, stragglers {self._stragglers.value_at(train_time_s)}"
 
     def close(self) -> None:  # noqa: D102
         if self._cluster is not None:

@@ -247,7 +247,6 @@ class RankRunner:
             "handler_s": time.perf_counter() - t_handler,
         }
 
-
     def _probe(self, nbytes: int) -> float:
         """Time one fp32 all-reduce of ``nbytes`` after a barrier; 0 s when ``nbytes`` is 0.
 

@@ -198,8 +198,10 @@ def compare(
                     parent_run_id=parent_id,
                 ) as run:
                     wrapped = TrackingWrapper(env, run)
+                    # an oracle in hindsight plays what it found for this very seed
+                    player = agent.for_seed(seed) if hasattr(agent, "for_seed") else agent
                     res = rollout(
-                        wrapped, agent, seed, target_loss=target, on_step=clock if by_time else None
+                        wrapped, player, seed, target_loss=target, on_step=clock if by_time else None
                     )
                     csv = out / f"decisions-{slug(name)}-seed{seed}.csv"
                     wrapped.write_csv(csv)
@@ -249,33 +251,51 @@ def compare(
     return results, figures
 
 
-def prepare_baseline(name: str, env: gym.Env, cfg: RunConfig) -> tuple[Any, TrainingCost]:
+def prepare_baseline(
+    name: str, env: gym.Env, cfg: RunConfig, prepared: dict[str, Any] | None = None
+) -> tuple[Any, TrainingCost]:
     """Build a baseline agent; tuners (bayesopt, grid, bandit, ...) tune first on the env.
 
     A tuner gets ``cfg.resolved_tuning_decisions`` real decisions (by default as many as
     the learned agent saw on real ranks); their wall time is printed as its tuning cost.
     Agents that declare ``online = True`` (``autotune``: it tunes inside every episode, so
     its tuning already counts in the measured time) and static presets get no tuning
-    phase; ``oracle-static`` runs its exhaustive search (``search_s``).
+    phase; the oracles run their searches (``search_s``): ``oracle-static`` every entry on
+    the evaluation seeds, ``oracle-adaptive`` every entry at every phase boundary (on top
+    of ``oracle-static``'s search, shared when ``prepared`` holds a learned one).
+
+    Args:
+        name: the agent's name (registry name or ``static:<preset>``).
+        env: the real env (ranks started).
+        cfg: the run configuration.
+        prepared: agents built before, by name (``oracle-adaptive`` reuses
+            ``oracle-static``'s search from here).
 
     Returns:
         ``(agent, cost)``.
     """
-    from commgym.agents import AGENTS, make_agent
+    from commgym.agents import AGENTS, OracleStaticAgent, make_agent
 
     cost = TrainingCost()
     kwargs: dict[str, Any] = {"seed": cfg.seed, **cfg.baseline_kwargs.get(name, {})}
     cls = AGENTS.get(name.split(":", 1)[0])
     if cls is not None and cls.oracle:
         kwargs["seeds"] = [cfg.eval_seed + i for i in range(cfg.episodes)]
+    if name == "oracle-adaptive":
+        shared = [a for a in (prepared or {}).values() if isinstance(a, OracleStaticAgent)]
+        if shared and shared[0].seeds == kwargs["seeds"]:
+            kwargs["static"] = shared[0]
     agent = make_agent(name, env, **kwargs)
     if agent.oracle:
         t0 = time.perf_counter()
-        with phase(f"{name}: every menu entry on the evaluation seeds"):
+        what = "every menu entry" + (
+            " at every phase boundary" if name == "oracle-adaptive" else ""
+        )
+        with phase(f"{name}: {what} on the evaluation seeds"):
             agent.learn()
         cost.add("search_s", time.perf_counter() - t0, int(agent.search_decisions))
         console.print(
-            f"{name} searched {len(agent.ranking)} entries in {cost.wall_s:.1f} s "
+            f"{name} searched {what} in {cost.wall_s:.1f} s "
             f"({agent.search_decisions} real decisions; search cost, reported apart)"
         )
     elif not name.startswith("static:") and name != "random" and not agent.online:
@@ -297,7 +317,7 @@ def compare_with_baselines(
     """Evaluate ``agent`` and ``cfg.baselines`` on the same seeds; log, plot and print."""
     agents = {name: agent}
     for b in cfg.baselines:
-        agents[b], _ = prepare_baseline(b, env, cfg)
+        agents[b], _ = prepare_baseline(b, env, cfg, agents)
     results, figures = compare(cfg, env, agents, tracker, parent.run_id, out)
     for fig in figures:
         parent.log_artifact(fig)

@@ -155,3 +155,58 @@ class TimedTableEnv(TableEnv):
             "train_time_s": self._train_time_s, "elapsed_frac": elapsed,
         }  # fmt: skip
         return obs, reward, terminated, truncated, info
+
+
+class PhasedTableEnv(TimedTableEnv):
+    """A clocked fake job whose best entry changes with training time (phases), forkable.
+
+    Phase ``k`` starts at ``boundaries[k - 1]`` seconds of training (phase 0 at 0 s) and has
+    its own bowl peak ``bests[k]``: progress per second of entry ``a`` in phase ``k`` is
+    ``exp(sharpness * (table_k(a) - 1))``. Noise-free, so every quantity can be computed by
+    hand. ``snapshot``/``restore``/``drop_snapshots``/``episode_phases`` follow
+    ``AllReduceEnv``'s forking interface (state: loss, clock, decision count).
+    """
+
+    def __init__(self, bests, boundaries, **kw):
+        super().__init__(best=bests[0], **kw)
+        assert len(bests) >= len(boundaries) + 1
+        self.bests = [np.asarray(b, dtype=np.int64) for b in bests]
+        self.boundaries = [float(t) for t in boundaries]
+        self._snaps: dict[str, tuple] = {}
+
+    def phase(self, t: float) -> int:
+        return sum(t >= b for b in self.boundaries)
+
+    def rate(self, action) -> float:
+        self.best = self.bests[self.phase(getattr(self, "_train_time_s", 0.0))]
+        return super().rate(action)
+
+    def decision_time_s(self, action) -> float:
+        return 0.1
+
+    @property
+    def episode_phases(self):
+        return [(0.0, "phase 0")] + [(t, f"phase {k + 1}") for k, t in enumerate(self.boundaries)]
+
+    def snapshot(self) -> str:
+        key = f"s{len(self._snaps)}"
+        self._snaps[key] = (self._loss, self._train_time_s, self._t, self._last)
+        return key
+
+    def restore(self, key):
+        self._loss, self._train_time_s, self._t, self._last = self._snaps[key]
+        return self._last
+
+    def drop_snapshots(self) -> None:
+        self._snaps.clear()
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self._last = obs
+        self._snaps.clear()
+        return obs, info
+
+    def step(self, action):
+        out = super().step(action)
+        self._last = out[0]
+        return out
