@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 #: The environment id recorded in policy files.
-ENV_ID = "commgym/AllReduce-v0"
+ENV_ID = "commgym/AllReduce-v1"
 #: Name of the JSON member inside every policy zip.
 POLICY_JSON = "commgym_agent.json"
 #: Version of the JSON schema (bumped when its keys change meaning).
@@ -110,7 +110,7 @@ def menu_of(env: gym.Env) -> ActionMenu:
     if not isinstance(menu, ActionMenu):
         raise TypeError(
             f"{type(env.unwrapped).__name__} has no ActionMenu at env.unwrapped.menu; "
-            "commgym agents need a commgym environment (e.g. commgym/AllReduce-v0)"
+            "commgym agents need a commgym environment (e.g. commgym/AllReduce-v1)"
         )
     space = env.action_space
     if not isinstance(space, spaces.MultiDiscrete) or not np.array_equal(space.nvec, menu.nvec):
@@ -305,6 +305,11 @@ class Agent(ABC):
     #: evaluation seeds); reported as an upper bound, not as a method, with its search
     #: cost apart.
     oracle: ClassVar[bool] = False
+    #: Learns a policy before evaluation (reinforcement learning, rollout tables):
+    #: tables report it as the learned agent, with its training cost.
+    learned: ClassVar[bool] = False
+    #: Learns by forking real episodes (``AllReduceEnv.snapshot``): never on the surrogate.
+    needs_real_env: ClassVar[bool] = False
 
     def __init__(self, env: gym.Env, *, seed: int | None = None, **hyperparams: Any) -> None:
         self.env = env

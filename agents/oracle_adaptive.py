@@ -17,9 +17,11 @@ target; the entry whose continuation reaches the target first is kept, the episo
 from the end of its phase (forked from a snapshot, not replayed), and the next phase is
 searched the same way. A candidate whose phase ends later *and* at a higher held-out loss
 than the base's is dominated and is not continued; a continuation stops once it is slower
-than the best so far. The result is an achievable piecewise-constant schedule, at least as
-good as the base in expectation; greedy, so it can understate the speed of the true best
-schedule (which could trade one phase against a later one).
+than the best so far; a candidate whose shortest decision under the phase's condition
+(seen earlier in the search) would already end after the best time so far is not tried.
+The result is an achievable piecewise-constant schedule, at least as good as the base in
+expectation; greedy, so it can understate the speed of the true best schedule (which
+could trade one phase against a later one).
 
 **Conditions drawn per episode** (``{"profiles": [...]}``) or fixed: the contextual
 oracle, the best entry per condition: seeds are grouped by the condition their episode
@@ -203,6 +205,7 @@ class OracleAdaptiveAgent(StepAgent):
 
     name = "oracle-adaptive"
     oracle = True
+    needs_real_env = True
 
     def __init__(
         self,
@@ -238,6 +241,8 @@ class OracleAdaptiveAgent(StepAgent):
         self.search_decisions = 0
         #: training time the search's decisions took, s
         self.search_train_time_s = 0.0
+        # (condition, entry) -> the shortest decision seen: bounds hopeless candidates
+        self._decision_s: dict[tuple[str, str], float] = {}
 
     @property
     def display_name(self) -> str:
@@ -368,6 +373,13 @@ class OracleAdaptiveAgent(StepAgent):
             base_end: tuple[float, float] | None = None
             tried: list[tuple[str, float | None]] = []
             for entry in candidates:
+                t_now = float(root_state[1].get("train_time_s", 0.0))
+                shortest = self._decision_s.get((condition, entry))
+                if entry != self.base and shortest is not None and t_now + shortest >= best[0]:
+                    # one decision of it under this condition already ends after the best
+                    # time to target found: it cannot win (a bound, not a guess)
+                    tried.append((entry, None))
+                    continue
                 obs_r = core.restore(root)
                 seg = rollout(
                     env,
@@ -377,9 +389,11 @@ class OracleAdaptiveAgent(StepAgent):
                     max_train_time_s=end_s,
                     on_step=on_step,
                 )
-                self.search_train_time_s += seg.train_time_s - float(
-                    root_state[1].get("train_time_s", 0.0)
-                )
+                self.search_train_time_s += seg.train_time_s - t_now
+                for st in seg.steps:  # the shortest decision each entry took per condition
+                    key = (st.condition or condition, entry)
+                    dt = float(st.measured.train_time_s)
+                    self._decision_s[key] = min(dt, self._decision_s.get(key, math.inf))
                 t_total, snap = self._score(env, seg, base, best[0], base_end, target, on_step)
                 if entry == self.base and seg.steps:
                     base_end = (seg.train_time_s, seg.final_eval_loss)

@@ -22,6 +22,7 @@ from commgym.agents.baselines import (
 from commgym.agents.bayesopt import BayesOptAgent
 from commgym.agents.oracle import OracleStaticAgent
 from commgym.agents.oracle_adaptive import OracleAdaptiveAgent
+from commgym.agents.rollout_table import RolloutTableAgent
 from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent
 
 __all__ = ["AGENTS", "agent_names", "load_agent", "make_agent"]
@@ -37,6 +38,7 @@ AGENTS: dict[str, type[Agent]] = {
         AutotuneAgent,
         OracleStaticAgent,
         OracleAdaptiveAgent,
+        RolloutTableAgent,
         SlidingWindowUCBAgent,
         AccordionAgent,
         AdaCommAgent,

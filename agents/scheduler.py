@@ -1,6 +1,6 @@
 """Replay a communication policy inside a user's own data-parallel training job.
 
-A policy trained on ``commgym/AllReduce-v0`` (or any agent of :data:`AGENTS`) steers the
+A policy trained on ``commgym/AllReduce-v1`` (or any agent of :data:`AGENTS`) steers the
 gradient compression, bucket size and local-SGD period of a real ``torchrun`` job::
 
     import torch.distributed as dist

@@ -1,4 +1,4 @@
-"""``commgym/AllReduce-v0``: a gymnasium environment over real all-reduce training runs."""
+"""``commgym/AllReduce-v1``: a gymnasium environment over real all-reduce training runs."""
 
 from __future__ import annotations
 
@@ -65,6 +65,13 @@ class EnvConfig:
             a spec (``"40ms"``, ``"40ms:p=0.5"``), a schedule ``[[elapsed_training_s,
             spec], ...]`` (``{"schedule": [...], "shift_s": s}``) or ``{"profiles":
             [...]}``, in the same forms as ``network`` (:mod:`commgym.env.schedule`).
+        probe_bytes: size of a probe all-reduce every rank runs at the end of each decision
+            (B; 0: none). Its time, counted as training time, gives the observation's
+            ``log10_probe_gbps``: the link as measured independently of the configuration
+            the decision ran.
+        privileged_obs: reveal the configured conditions in the observation
+            (``log10_link_gbps``, ``straggler_ms``): an ablation that tells an observability
+            problem from a learning one, not something a real job knows.
         network_plan: ``network`` parsed once (:class:`~commgym.env.net.NetworkPlan`; set
             by ``__post_init__``): what the env, the surrogate and the tables read.
 
@@ -92,6 +99,8 @@ class EnvConfig:
     max_decisions: int | None = None
     shards: str = "iid"
     stragglers: str | list[Any] | dict[str, Any] | None = None
+    probe_bytes: int = 0
+    privileged_obs: bool = False
     menu: ActionMenu = field(init=False, repr=False)
     network_plan: NetworkPlan = field(init=False, repr=False, default_factory=NetworkPlan)
 
@@ -106,6 +115,16 @@ class EnvConfig:
         for name in ("batch_size", "max_decisions"):
             if getattr(self, name) is not None:
                 positive_int(name)
+        if (
+            isinstance(self.probe_bytes, bool)
+            or not isinstance(self.probe_bytes, int)
+            or not (0 <= self.probe_bytes <= 2**30)
+        ):
+            raise ValueError(
+                f"probe_bytes must be an integer in [0, 2**30], got {self.probe_bytes!r}"
+            )
+        if not isinstance(self.privileged_obs, bool):
+            raise ValueError(f"privileged_obs must be True or False, got {self.privileged_obs!r}")
         for name in ("time_budget_s", "timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
@@ -178,30 +197,33 @@ class AllReduceEnv(gym.Env):
     :class:`FlattenAction` for a ``Discrete`` space (row-major, bijective). The decoded
     configuration is echoed in ``info["config"]``.
 
-    **Observation** — ``Box(float32)`` of 17 values; NaN/inf never appear (they become 0
+    **Observation** — ``Box(float32)`` of 20 values; NaN/inf never appear (they become 0
     and values are clipped to the bounds; raw values are in ``info["measured"]``):
 
-    ===  =======================  =========  ============  ===============================
-    idx  name                     unit       range         meaning
-    ===  =======================  =========  ============  ===============================
-    0    step_time_s              s          [0, 1e3]      median iteration time, slowest rank
-    1    comm_wait_frac           1          [0, 1]        comm wait / iteration time
-    2    compress_s               s          [0, 1e3]      compress+decompress per iteration
-    3    log10_bytes_per_step     log10 B    [0, 15]       log10(1 + bytes sent / iteration)
-    4    bandwidth_gbps           Gbit/s     [0, 1e4]      effective: bytes * 8 / comm wait
-    5    train_loss               nats       [0, 1e4]      mean training loss, all ranks
-    6    eval_loss                nats       [0, 1e4]      held-out loss, consensus model
-    7    loss_change              log ratio  [-20, 20]     log(L_prev) - log(L)
-    8    log10_grad_norm          log10      [-20, 20]     aggregated gradient norm
-    9    grad_norm_rel_change     1          [-10, 10]     (g - g_prev) / g_prev
-    10   compression_error        1          [0, 10]       ||g - g_hat|| / ||g|| (last iter)
-    11   compression_index        1          [0, 1]        index / (n - 1)
-    12   bucket_index             1          [0, 1]        index / (n - 1)
-    13   period_index             1          [0, 1]        index / (n - 1)
-    14   elapsed_frac             1          [0, 1]        training time used / budget
-    15   world_size               ranks      [1, 1e5]      number of ranks
-    16   log10_num_params         log10      [0, 15]       model size
-    ===  =======================  =========  ============  ===============================
+    ===  =======================  ============  ============  =====================================
+    idx  name                     unit          range         meaning
+    ===  =======================  ============  ============  =====================================
+    0    step_time_s              s             [0, 1e3]      median iteration time, slowest rank
+    1    comm_wait_frac           1             [0, 1]        comm wait / iteration time
+    2    compress_s               s             [0, 1e3]      compress+decompress per iteration
+    3    log10_bytes_per_step     log10 B       [0, 15]       log10(1 + bytes sent / iteration)
+    4    bandwidth_gbps           Gbit/s        [0, 1e4]      effective: bytes * 8 / comm wait
+    5    train_loss               nats          [0, 1e4]      mean training loss, all ranks
+    6    eval_loss                nats          [0, 1e4]      held-out loss, consensus model
+    7    loss_change              log ratio     [-20, 20]     log(L_prev) - log(L)
+    8    log10_grad_norm          log10         [-20, 20]     aggregated gradient norm
+    9    grad_norm_rel_change     1             [-10, 10]     (g - g_prev) / g_prev
+    10   compression_error        1             [0, 10]       ||g - g_hat|| / ||g|| (last iter)
+    11   compression_index        1             [0, 1]        index / (n - 1)
+    12   bucket_index             1             [0, 1]        index / (n - 1)
+    13   period_index             1             [0, 1]        index / (n - 1)
+    14   elapsed_frac             1             [0, 1]        training time used / budget
+    15   world_size               ranks         [1, 1e5]      number of ranks
+    16   log10_num_params         log10         [0, 15]       model size
+    17   log10_probe_gbps         log10 Gbit/s  [-4, 4]       probe all-reduce bus bandwidth
+    18   log10_link_gbps          log10 Gbit/s  [-4, 4]       configured link (privileged)
+    19   straggler_ms             ms            [0, 6e4]      straggler delay x prob (privileged)
+    ===  =======================  ============  ============  =====================================
 
     ``bandwidth_gbps`` is the *effective* bandwidth the training step experienced
     (``effective_bandwidth_gbps``: bytes handed to collectives * 8 / seconds blocked on
@@ -211,7 +233,14 @@ class AllReduceEnv(gym.Env):
     machine; it is never below the decision's average throughput
     ``bytes_total * 8 / train_time_s``. The configured link is ``info["network"]``.
 
-    The reset observation holds no timings (indices 0-4 and 7-10 are 0), so
+    ``log10_probe_gbps`` is measured independently of the configuration just played: with
+    ``probe_bytes > 0`` every rank all-reduces a buffer of that size at the end of each
+    decision (its time counts as training time) and the field is the bus bandwidth
+    ``bytes * 2(W-1)/W * 8 / t`` of the fastest rank's time (0 without a probe). Indices
+    18-19 reveal the configured conditions only with ``privileged_obs=True`` (an ablation;
+    an unshaped link counts as 100 Gbit/s), else they are 0.
+
+    The reset observation holds no timings (indices 0-4, 7-10 and 17-19 are 0), so
     ``reset(seed=s)`` twice gives identical observations. Step observations contain
     measured wall times, so the env is registered ``nondeterministic=True``; with
     deterministic compressors the losses of a seed and action sequence are reproducible.
@@ -239,7 +268,13 @@ class AllReduceEnv(gym.Env):
     Ranks persist across episodes: ``reset()`` rebuilds model, optimizer and data order
     from the episode seed without restarting processes (``info["reset_s"]``).
 
-    **Version history** — v0: first release.
+    **Version history** — v0: first release. v1: the observation gains the probe and the
+    privileged condition fields (17-19); at a decision boundary under local SGD only the
+    parameters are averaged (the consensus model the held-out loss is measured on), the
+    optimizer state stays rank-local until a switch to ``sync_period = 1`` averages it, as
+    local SGD does (v0 averaged it uncompressed at every boundary, which cost more than the
+    compressed average it followed); new options ``shards``, ``stragglers``,
+    ``probe_bytes``, ``privileged_obs``; forking (:meth:`snapshot`/:meth:`restore`).
 
     Args:
         config: an :class:`EnvConfig`; or pass its fields as keyword arguments.
@@ -402,7 +437,7 @@ class AllReduceEnv(gym.Env):
                     "config": cfg_comm.to_dict(),
                     "steps": cfg.steps_per_decision,
                     "straggler": straggler.to_message(),
-                    "probe_bytes": getattr(self, "probe_bytes", 0),
+                    "probe_bytes": cfg.probe_bytes,
                 }
             )
         except CommgymError as err:
@@ -416,12 +451,11 @@ class AllReduceEnv(gym.Env):
         measured = DecisionMeasurement.from_ranks(replies)
         m = measured.to_dict()
         m["env_step_s"] = time.perf_counter() - t0
-        m["probe_s"] = max(float(r.get("probe_s", 0.0)) for r in replies)
         self._decisions += 1
         self._train_time_s += measured.train_time_s
         elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)
         prev = self._eval_loss
-        obs = self._obs.build(measured, a, elapsed)
+        obs = self._obs.build(measured, a, elapsed, **self._revealed(straggler))
         self._action = a
         diverged = measured.nonfinite or not math.isfinite(measured.eval_loss)
         reward, terminated, truncated, reason = decision_outcome(
@@ -453,6 +487,15 @@ class AllReduceEnv(gym.Env):
             )
         )
         return obs, float(reward), terminated, truncated, info
+
+    def _revealed(self, straggler: Any) -> dict[str, float]:
+        """The privileged observation fields' values (empty unless ``privileged_obs``)."""
+        if not self.config.privileged_obs:
+            return {}
+        from commgym.env.spaces import UNSHAPED_GBPS
+
+        rate = UNSHAPED_GBPS if self._net_spec is None else self._net_spec.rate_bit_s / 1e9
+        return {"link_gbps": rate, "straggler_ms": straggler.delay_s * straggler.prob * 1e3}
 
     # -- forking an episode ---------------------------------------------------------
     def snapshot(self) -> str:

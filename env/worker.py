@@ -222,7 +222,8 @@ class RankRunner:
         c0 = time.perf_counter()
         cons = sync.consensus(optimizer_state=False)
         consensus_s = time.perf_counter() - c0
-        probe_s = self._probe(int(msg.get("probe_bytes", 0)))
+        probe_bytes = int(msg.get("probe_bytes", 0))
+        probe_s = self._probe(probe_bytes)
         self.samples += steps * self.batch_size
         train_loss = rec.train_loss()
         e0 = time.perf_counter()
@@ -238,20 +239,24 @@ class RankRunner:
             eval_s=eval_s,
             samples=steps * self.batch_size,
             train_loss=train_loss,
+            probe_s=probe_s,
+            probe_bytes=probe_bytes,
         )
         return {
             "type": "step",
             **measured.to_dict(),
             "reconfigure_s": reconfigure_s,
-            "probe_s": probe_s,
             "handler_s": time.perf_counter() - t_handler,
         }
 
     def _probe(self, nbytes: int) -> float:
-        """Time one fp32 all-reduce of ``nbytes`` after a barrier; 0 s when ``nbytes`` is 0.
+        """Time one fp32 all-reduce of ``nbytes``; 0 s when ``nbytes`` is 0.
 
         A fixed-size collective measures the link independently of the configuration the
-        decision ran (whose own bytes and waits depend on that configuration).
+        decision ran (whose own bytes and waits depend on that configuration). It runs
+        right after the decision's last collective, when an emulated link's token bucket
+        is mostly drained, so it sees the link's rate rather than its burst. No barrier:
+        the environment takes the fastest rank's time (that rank waited for nobody).
         """
         if nbytes <= 0:
             return 0.0
@@ -259,7 +264,6 @@ class RankRunner:
         if getattr(self, "_probe_buf", None) is None or self._probe_buf.numel() != n:
             self._probe_buf = torch.zeros(n, dtype=torch.float32, device=self.device)
         t0 = time.perf_counter()
-        dist.barrier()
         dist.all_reduce(self._probe_buf)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -42,8 +42,8 @@ class RunConfig:
             ``MLFLOW_TRACKING_URI``).
         experiment: MLflow experiment name.
         output_dir: folder for the policy, plots and CSVs.
-        env_kind: where the agent learns: ``"real"`` (``commgym/AllReduce-v0``) or
-            ``"surrogate"`` (``commgym/Surrogate-v0``; evaluation stays on real ranks).
+        env_kind: where the agent learns: ``"real"`` (``commgym/AllReduce-v1``) or
+            ``"surrogate"`` (``commgym/Surrogate-v1``; evaluation stays on real ranks).
         surrogate: fitted surrogate model file for ``env_kind="surrogate"``; ``None``
             collects ``surrogate_decisions`` real decisions of the scenario first (sticky
             random exploration) and fits one into ``output_dir``.

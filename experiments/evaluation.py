@@ -201,7 +201,11 @@ def compare(
                     # an oracle in hindsight plays what it found for this very seed
                     player = agent.for_seed(seed) if hasattr(agent, "for_seed") else agent
                     res = rollout(
-                        wrapped, player, seed, target_loss=target, on_step=clock if by_time else None
+                        wrapped,
+                        player,
+                        seed,
+                        target_loss=target,
+                        on_step=clock if by_time else None,
                     )
                     csv = out / f"decisions-{slug(name)}-seed{seed}.csv"
                     wrapped.write_csv(csv)

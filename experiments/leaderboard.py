@@ -168,12 +168,11 @@ def scenario_name(scenario: str | Path) -> str:
 
 def _role(name: str) -> str:
     from commgym.agents import AGENTS
-    from commgym.agents.sb3 import SB3Agent
 
     cls = AGENTS.get(name.split(":", 1)[0])
     if cls is not None and cls.oracle:
         return "oracle"
-    if cls is not None and issubclass(cls, SB3Agent):
+    if cls is not None and cls.learned:
         return "learned"
     return "baseline"
 

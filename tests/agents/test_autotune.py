@@ -142,7 +142,7 @@ def test_freezes_after_n_real_decisions():
     n = 3
     menu = {"compression": ["none", "fp16"], "bucket_mb": [4, 25], "sync_period": [1, 2]}
     env = gym.make(
-        "commgym/AllReduce-v0", workload="mlp-digits", world_size=2, steps_per_decision=2,
+        "commgym/AllReduce-v1", workload="mlp-digits", world_size=2, steps_per_decision=2,
         time_budget_s=60, max_decisions=6, action_menu=menu,
     )  # fmt: skip
     try:

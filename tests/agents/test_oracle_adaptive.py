@@ -186,3 +186,28 @@ def test_real_ranks_straggler_phases():
         assert ep.decisions > 0 and ep.reason in ("target_reached", "time_budget")
     finally:
         env.close()
+
+
+def test_rollout_table_learns_the_phase_winners_on_training_seeds_and_recognises_them(tmp_path):
+    """The learned counterpart: the table from training seeds, conditions from the probe."""
+    from commgym.agents import RolloutTableAgent
+    from commgym.agents.rollout_table import training_seeds
+
+    env = _env()
+    agent = make_agent("rollout-table", env, seed=0, episodes=2)
+    assert isinstance(agent, RolloutTableAgent) and agent.learned and not agent.oracle
+    with pytest.raises(RuntimeError, match="learn"):
+        agent.predict(env.reset(seed=0)[0])
+    agent.learn()
+    assert not set(training_seeds(0, 2)) & {1000, 1001, 1002}
+    assert agent.table == {"phase 0": _entry(env, BESTS[0]), "phase 1": _entry(env, BESTS[1])}
+    assert agent.first == _entry(env, BESTS[0]) and agent.cost_decisions > 0
+    # on an unseen seed it plays each phase's winner, recognising the phase from the probe
+    ep = rollout(env, agent, 7, target_loss=TARGET)
+    for step in ep.steps[1:]:  # the observation lags one decision: skip the one after a switch
+        if step.condition == ep.steps[step.decision - 2].condition:
+            winner = BESTS[int(step.condition.split()[-1])]
+            assert step.config == _entry(env, winner)
+    assert ep.time_to_target_s <= _time_to_target(env, BESTS, 7) + 2 * DT
+    back = load_agent(agent.save(tmp_path / "table.zip"), env=env)
+    assert back.table == agent.table and back.centres == agent.centres
