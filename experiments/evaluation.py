@@ -281,8 +281,14 @@ def prepare_baseline(
     from commgym.agents import AGENTS, OracleStaticAgent, make_agent
 
     cost = TrainingCost()
-    kwargs: dict[str, Any] = {"seed": cfg.seed, **cfg.baseline_kwargs.get(name, {})}
-    cls = AGENTS.get(name.split(":", 1)[0])
+    base = name.split(":", 1)[0]
+    # a variant (autotune:progress) takes its family's scenario settings, then its own
+    kwargs: dict[str, Any] = {
+        "seed": cfg.seed,
+        **(cfg.baseline_kwargs.get(base, {}) if base != name else {}),
+        **cfg.baseline_kwargs.get(name, {}),
+    }
+    cls = AGENTS.get(base)
     if cls is not None and cls.oracle:
         kwargs["seeds"] = [cfg.eval_seed + i for i in range(cfg.episodes)]
     if name == "oracle-adaptive":

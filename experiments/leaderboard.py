@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from rich.table import Table
 
@@ -275,16 +276,17 @@ def strongest_baseline(entries: list[LeaderboardEntry]) -> LeaderboardEntry | No
     return min(baselines, key=lambda e: e.time_to_target_mean_s) if baselines else None
 
 
-def modal_actions(episodes: list[Episode]) -> dict[str, tuple[str, float, int]]:
-    """Per condition, the configuration an agent played most and its share of decisions.
+def modal_actions(episodes: list[Episode]) -> dict[str, tuple[str, float, int, float]]:
+    """Per condition, the configuration an agent played most, and how varied its play was.
 
     Args:
         episodes: one agent's evaluation episodes (their steps carry the condition).
 
     Returns:
         condition label -> ``(modal configuration, its share of the decisions under that
-        condition, number of decisions)``; decisions without a condition count as
-        ``"-"``.
+        condition, number of decisions, entropy of the configurations played there in
+        bits)``; decisions without a condition count as ``"-"``. The entropy is the
+        empirical one of what was played (0: one configuration), whatever the agent's kind.
     """
     from collections import Counter
 
@@ -296,7 +298,8 @@ def modal_actions(episodes: list[Episode]) -> dict[str, tuple[str, float, int]]:
     for cond, c in counts.items():
         config, n = c.most_common(1)[0]
         total = sum(c.values())
-        out[cond] = (config, n / total, total)
+        p = np.array(list(c.values()), dtype=np.float64) / total
+        out[cond] = (config, n / total, total, float(-(p * np.log2(p)).sum()))
     return out
 
 
@@ -305,11 +308,13 @@ def _headroom(
     entries: list[LeaderboardEntry],
     results: dict[str, list[Episode]],
     out: Path,
-) -> list[str]:
+) -> tuple[list[str], dict[str, Any], Path]:
     """Headroom, captured fractions, strongest baseline and per-condition actions.
 
-    Sets :attr:`LeaderboardEntry.captured`, writes ``headroom-<scenario>.json`` and
-    returns the Markdown lines that follow the scenario's table.
+    Sets :attr:`LeaderboardEntry.captured` and writes ``headroom-<scenario>.json``.
+
+    Returns:
+        ``(Markdown lines that follow the scenario's table, the report, its file)``.
     """
     by_agent = {e.agent: e for e in entries}
     static = next((e for e in entries if e.agent == "oracle-static"), None)
@@ -369,22 +374,47 @@ def _headroom(
         report.setdefault("learned", {})[e.agent] = cmp
     actions = {name: modal_actions(eps) for name, eps in results.items() if name in by_agent}
     report["actions"] = {
-        name: {c: {"config": v[0], "share": v[1], "decisions": v[2]} for c, v in table.items()}
+        name: {
+            c: {"config": v[0], "share": v[1], "decisions": v[2], "entropy_bits": v[3]}
+            for c, v in table.items()
+        }
         for name, table in actions.items()
     }
     conditions = sorted({c for table in actions.values() for c in table})
     if len(conditions) > 1:
-        lines += ["", "Most played configuration per condition (share of its decisions):", ""]
+        lines += [
+            "",
+            "Most played configuration per condition (share of its decisions; entropy of "
+            "what was played there, bits):",
+            "",
+        ]
         lines.append("| agent | " + " | ".join(conditions) + " |")
         lines.append("|---|" + "---|" * len(conditions))
         for name, table in actions.items():
             cells = [
-                f"{table[c][0]} ({table[c][1]:.0%})" if c in table else "-" for c in conditions
+                f"{table[c][0]} ({table[c][1]:.0%}, {table[c][3]:.1f} b)" if c in table else "-"
+                for c in conditions
             ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     path = out / f"headroom-{slug(scenario)}.json"
     path.write_text(json.dumps(report, indent=1, default=_json_number))
-    return lines
+    return lines, report, path
+
+
+def _agent_metrics(key: str, e: LeaderboardEntry, report: dict[str, Any]) -> dict[str, float]:
+    """An agent's captured fraction and the entropy of its play, per condition and overall."""
+    out: dict[str, float] = {}
+    if e.captured is not None:
+        out[f"{key}/captured"] = e.captured.value
+    table = report.get("actions", {}).get(e.agent, {})
+    total = sum(v["decisions"] for v in table.values())
+    if total:
+        out[f"{key}/action_entropy_bits"] = (
+            sum(v["entropy_bits"] * v["decisions"] for v in table.values()) / total
+        )
+    for cond, v in table.items():
+        out[f"{key}/action_entropy_bits/{slug(cond)}"] = v["entropy_bits"]
+    return out
 
 
 def _json_number(x: Any) -> Any:
@@ -620,7 +650,7 @@ def run_leaderboard(
                 )  # fmt: skip
                 entries.append(e)
             _speedups(entries)
-            notes = _headroom(scenario, entries, results, out)
+            notes, report, report_path = _headroom(scenario, entries, results, out)
             board[scenario] = entries
             title = _title(cfg, scenario, seeds)
             table = Table(title=title)
@@ -641,7 +671,7 @@ def run_leaderboard(
                 "bytes per step (B)": {e.agent: e.bytes_per_step for e in entries},
             }
             bars = comparison_plot(panels, None, out / f"leaderboard-{slug(scenario)}.png")
-            for path in (csv_path, md_path, bars, *figs):
+            for path in (csv_path, md_path, report_path, bars, *figs):
                 parent.log_artifact(path, artifact_path=slug(scenario))
             figures += [bars, *figs]
             for i, e in enumerate(entries):
@@ -654,8 +684,19 @@ def run_leaderboard(
                             "static:ddp-default", math.nan
                         ),
                         f"{key}/speedup_vs_autotune": e.speedup.get("autotune", math.nan),
+                        **_agent_metrics(key, e, report),
                     },
                     step=i,
+                )
+            if "headroom" in report:
+                h = report["headroom"]
+                parent.log_metrics(
+                    {
+                        f"leaderboard/{slug(scenario)}/headroom": h["value"],
+                        f"leaderboard/{slug(scenario)}/headroom_low": h["low"],
+                        f"leaderboard/{slug(scenario)}/headroom_high": h["high"],
+                    },
+                    step=0,
                 )
             console.print(
                 f"scenario {scenario} took {time.perf_counter() - t_scenario:.0f} s "
