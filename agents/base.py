@@ -23,6 +23,7 @@ action menu (``ActionMenu.to_dict()``), the observation field names and the env 
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import zipfile
@@ -401,6 +402,47 @@ class Agent(ABC):
                 incompatible with ``env`` (the message names the differences).
         """
 
+    def get_state(self) -> dict[str, Any]:
+        """Everything :meth:`predict` depends on besides its arguments (a copy).
+
+        Random generators, decision counters, bandit statistics, search state: whatever
+        makes this agent's next answer differ from a freshly built one's. The observation
+        and the ``state`` argument are the caller's to keep.
+        :meth:`~commgym.agents.scheduler.CommScheduler.state_dict` saves it, so a job
+        resumed from a checkpoint decides exactly as if it had not stopped.
+
+        Returns:
+            Plain values (dicts, lists, numbers, strings, booleans, None), restorable
+            with :meth:`set_state` into an agent built the same way (same class,
+            hyperparameters, seed and policy file).
+
+        Raises:
+            NotImplementedError: the agent does not declare what its predictions depend
+                on (the default), so it cannot be checkpointed.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not declare what its predictions depend on, so "
+            "its state cannot be checkpointed (a resumed job would decide differently): "
+            "implement get_state() and set_state() (StepAgent subclasses: _get_state() "
+            "and _set_state())"
+        )
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state` output (the agent continues where it was).
+
+        Args:
+            state: what :meth:`get_state` returned, possibly after a round trip through
+                ``torch.save`` / ``torch.load`` or JSON.
+
+        Raises:
+            NotImplementedError: the agent does not declare its state (see
+                :meth:`get_state`).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not declare its state: implement get_state() "
+            "and set_state()"
+        )
+
     # -- helpers for subclasses ----------------------------------------------------------
     def _policy_json(self, state: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
@@ -449,7 +491,10 @@ class StepAgent(Agent):
 
     Subclasses implement :meth:`_act` (one observation -> action) and optionally
     :meth:`_observe` (learn from one transition), :meth:`_get_state` /
-    :meth:`_set_state` (learned state as plain JSON values) and :meth:`_episode_start`.
+    :meth:`_set_state` and :meth:`_episode_start`. :meth:`_get_state` must hold
+    everything :meth:`_act` depends on besides its arguments (learned statistics, random
+    generators, counters) as plain JSON values: policy files and
+    :meth:`~Agent.get_state` (scheduler checkpoints) both carry it.
     ``learn`` runs the env itself: ``reset(seed=seed)`` first, then one ``step`` per
     timestep with the exploring action (``deterministic=False``), resetting when an
     episode ends.
@@ -481,11 +526,17 @@ class StepAgent(Agent):
         """Called by ``learn`` after every ``env.reset`` (default: nothing)."""
 
     def _get_state(self) -> dict[str, Any]:
-        """Learned state as plain JSON values (default: none)."""
+        """Learned and decision state as plain JSON values (default: none)."""
         return {}
 
     def _set_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`_get_state`'s output (default: nothing)."""
+
+    def get_state(self) -> dict[str, Any]:  # noqa: D102 - documented on Agent
+        return copy.deepcopy(self._get_state())
+
+    def set_state(self, state: dict[str, Any]) -> None:  # noqa: D102 - documented on Agent
+        self._set_state(copy.deepcopy(state))
 
     # -- Agent API ------------------------------------------------------------------------
     def predict(  # noqa: D102 - documented on Agent

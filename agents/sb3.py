@@ -12,6 +12,7 @@ policy updates after tens of decisions, not thousands.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import warnings
@@ -21,6 +22,7 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
+import torch
 from stable_baselines3 import A2C, DQN, PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
@@ -116,6 +118,15 @@ class _RichProgressCallback(BaseCallback):
 class SB3Agent(Agent):
     """An SB3 algorithm behind the :class:`Agent` interface.
 
+    ``predict(deterministic=True)`` is a function of the observation (and of SB3's
+    ``state`` for recurrent policies, which the caller threads through). Exploring
+    predictions (``deterministic=False``: PPO/A2C sample their action distribution, DQN
+    is epsilon-greedy) draw from the agent's own generator, seeded from ``seed``, never
+    from the process's global torch / numpy generators: the caller's random streams are
+    left as they were, and :meth:`get_state` captures the agent's, so a checkpointed job
+    explores on exactly as if it had not stopped. ``learn`` is SB3's own loop with SB3's
+    seeding.
+
     Args:
         env: commgym env (``MultiDiscrete`` action space).
         seed: SB3 seed (torch, numpy, action space).
@@ -140,6 +151,7 @@ class SB3Agent(Agent):
         self.model = self.algo(policy, self._algo_env(env), seed=seed, **kwargs)
         _quiet_logger(self.model)
         self._learned_once = False
+        self._rng = np.random.default_rng(seed)
 
     @property
     def hyperparams(self) -> dict[str, Any]:  # noqa: D102 - see Agent
@@ -161,8 +173,49 @@ class SB3Agent(Agent):
         deterministic: bool = True,
     ) -> tuple[np.ndarray, Any]:
         obs, _ = as_observations(observation, int(np.prod(self.observation_space.shape)))
-        action, state = self.model.predict(obs, state, episode_start, deterministic)
+        if deterministic:
+            action, state = self.model.predict(obs, state, episode_start, True)
+        else:
+            action, state = self._explore(obs, state, episode_start)
         return self._to_multi(action), state
+
+    def _explore(self, obs: np.ndarray, state: Any, episode_start: Any) -> tuple[Any, Any]:
+        """An exploring ``model.predict`` on a seed drawn from the agent's generator.
+
+        SB3 samples from torch's global generator (of the policy's device) and DQN's
+        epsilon-greedy from numpy's: both are seeded from the agent's own stream for the
+        call and restored afterwards.
+        """
+        seed = int(self._rng.integers(2**63))
+        device = self.model.device
+        cuda = []
+        if device.type == "cuda":
+            cuda = [device.index if device.index is not None else torch.cuda.current_device()]
+        np_state = np.random.get_state()
+        with torch.random.fork_rng(devices=cuda):
+            torch.default_generator.manual_seed(seed)
+            for i in cuda:
+                torch.cuda.default_generators[i].manual_seed(seed)
+            np.random.seed(seed % 2**32)
+            try:
+                return self.model.predict(obs, state, episode_start, False)
+            finally:
+                np.random.set_state(np_state)
+
+    def get_state(self) -> dict[str, Any]:
+        """The exploring generator and the action space's sampler (DQN's random actions).
+
+        Network weights are the policy file's and do not change while acting.
+        """
+        return {
+            "rng": self._rng.bit_generator.state,
+            "action_space_rng": self.model.action_space.np_random.bit_generator.state,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:  # noqa: D102 - documented on Agent
+        self._rng.bit_generator.state = copy.deepcopy(state["rng"])
+        space_rng = self.model.action_space.np_random
+        space_rng.bit_generator.state = copy.deepcopy(state["action_space_rng"])
 
     def learn(
         self,
@@ -306,6 +359,7 @@ class SB3Agent(Agent):
         agent.model = cls.algo.load(path, env=algo_env, device="cpu")
         _quiet_logger(agent.model)
         agent._learned_once = True
+        agent._rng = np.random.default_rng(meta.get("seed"))
         return agent
 
 

@@ -78,6 +78,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from commgym.agents.base import Agent, LayoutEnv, check_compatible, read_policy_json
 from commgym.collectives import CommConfig, GradientSynchronizer
+from commgym.collectives.amp import FOUND_INF_BYTES, agree_found_inf
 from commgym.collectives.ddp_sync import DDPHookSynchronizer
 from commgym.collectives.stats import StepStats
 from commgym.env.measure import (
@@ -260,7 +261,9 @@ class CommScheduler:
     warning naming both.
 
     **Checkpoints.** :meth:`state_dict` holds this rank's state (synchronizer residuals
-    and counters, DDP-hook layouts, decision history, the window being measured): save
+    and counters, DDP-hook layouts, decision history, the window being measured, and on
+    rank 0 the policy's own state, :meth:`Agent.get_state
+    <commgym.agents.base.Agent.get_state>`): save
     it per rank next to the model and optimizer state (``torch.save(...,
     f"ckpt.rank{rank}.pt")``), since error-feedback residuals and local-SGD replicas
     differ between ranks. Resume: build model, optimizer and scheduler as before, then
@@ -366,7 +369,7 @@ class CommScheduler:
         self.policy: Agent | None = None
         self._policy_name = str(policy) if not isinstance(policy, Agent) else repr(policy)
         num_params = sum(p.numel() for p in params if p.requires_grad)
-        err, start, mismatch = "", None, []
+        err, start, mismatch, no_state = "", None, [], ""
         if self.rank == 0:
             try:
                 self.policy = resolve_policy(policy, self.menu, seed=seed)
@@ -380,12 +383,17 @@ class CommScheduler:
                     num_params=num_params,
                     decision_every=decision_every,
                 )
-        box = [err, start]
+                try:  # known on every rank, so state_dict() refuses on every rank
+                    self.policy.get_state()
+                except NotImplementedError as exc:
+                    no_state = str(exc)
+        box = [err, start, no_state]
         dist.broadcast_object_list(box, src=self._src, group=group, device=self._device)
         if box[0]:
             raise ValueError(f"CommScheduler cannot use policy {self._policy_name!r}: {box[0]}")
         if box[1] is not None:  # a static preset is in force from the first step
             self._action = np.array(box[1], dtype=np.int64)
+        self._no_policy_state: str = box[2]
         if mismatch:
             warnings.warn(
                 f"policy {self._policy_name!r} was trained on another job: "
@@ -464,13 +472,17 @@ class CommScheduler:
             This rank's :class:`StepStats`.
 
         Raises:
-            RuntimeError: after :meth:`close`, or called twice for one step.
+            RuntimeError: after :meth:`close`, or called twice for one step (accumulate
+                micro-batches under :meth:`no_sync` instead; the message says so).
         """
         if self._closed:
             raise RuntimeError("CommScheduler.synchronize() after close()")
         if self._synced is not None:
             raise RuntimeError(
-                "CommScheduler.synchronize() called twice for one step: call step() after it"
+                "CommScheduler.synchronize() called twice for one step. To accumulate "
+                "micro-batches, run all but the last backward inside `with sched.no_sync():` "
+                "and call synchronize() once per optimizer step; after synchronize() call "
+                "sched.step() (not optimizer.step()) on every rank"
             )
         if len(self._recorder) == self.decision_every - 1:
             self.sync.request_error_measurement()  # compression error of the window's last step
@@ -483,7 +495,10 @@ class CommScheduler:
         Call after ``loss.backward()`` (and optionally :meth:`synchronize`) on every
         rank. Does, in order: :meth:`synchronize` unless already called for this step,
         ``optimizer.step()`` (or ``scaler.step(optimizer)`` + ``scaler.update()``, which
-        skip the step on every rank when the gradient is non-finite),
+        skip the step on every rank when any rank's gradient is non-finite, so the
+        scaler's state stays the same on every rank under every period: on a local-SGD
+        step the found-inf flag is reduced across ranks first, one 4-byte all-reduce,
+        :func:`~commgym.collectives.amp.agree_found_inf`),
         ``after_optimizer_step()`` (local-SGD averaging every ``sync_period``) and, every
         ``decision_every`` calls, a decision (collectives on every rank; see the class
         docstring).
@@ -492,13 +507,16 @@ class CommScheduler:
             loss: this step's training loss (a tensor is detached, never synchronised
                 here); used for the ``train_loss`` field, and for ``eval_loss`` without
                 ``eval_fn``. None: the field is NaN, shown as 0. Pass the unscaled loss.
-            scaler: a ``torch.amp.GradScaler`` to step and update the optimizer with.
+            scaler: a ``torch.amp.GradScaler`` to step and update the optimizer with
+                (``unscale_`` it yourself after :meth:`synchronize` to clip, or let
+                ``scaler.step`` do it). Pass it at every step on every rank, or at none.
 
         Returns:
             This rank's :class:`StepStats` of the step.
 
         Raises:
             RuntimeError: after :meth:`close`, or a policy answered an off-menu action.
+            CollectiveTimeout: a rank did not join a collective within ``timeout_s``.
         """
         if self._closed:
             raise RuntimeError("CommScheduler.step() after close()")
@@ -506,7 +524,16 @@ class CommScheduler:
         self._synced = None
         sync = self.sync
         rec = self._recorder
+        extra_bytes = 0
         if scaler is not None:
+            if not st.synchronized and scaler.is_enabled():
+                # local gradients (sync_period > 1): one rank's overflow must make every
+                # rank skip and back off, or the scales (and, at period 1 again, the
+                # replicas) part for good. A synchronised gradient is bit-identical on
+                # every rank, non-finite everywhere if anywhere, so there the verdicts
+                # already agree without a collective.
+                agree_found_inf(scaler, self.optimizer, self.group, timeout_s=sync.timeout_s)
+                extra_bytes = FOUND_INF_BYTES
             scaler.step(self.optimizer)
             scaler.update()
         else:
@@ -517,7 +544,7 @@ class CommScheduler:
         if isinstance(loss, torch.Tensor):
             loss = loss.detach()
         wall_s = now - start - float(getattr(st, "instrumentation_s", 0.0))
-        rec.record_step(wall_s, loss, st, avg.bytes_sent)
+        rec.record_step(wall_s, loss, st, avg.bytes_sent + extra_bytes)
         self._t_mark = now
         self.optimizer_steps += 1
         if len(rec) >= self.decision_every:
@@ -529,9 +556,22 @@ class CommScheduler:
         """This rank's scheduler state (plain values and tensors; save one per rank).
 
         Holds the synchronizer's state, the decision history, the observation and
-        action in force, the policy's recurrent state and the measurements of the
-        window in progress, so a job resumed at any step continues as if not stopped.
+        action in force, the policy's recurrent state (what ``predict`` returned), the
+        policy's own state (:meth:`Agent.get_state <commgym.agents.base.Agent.get_state>`:
+        random generators, counters, search state; rank 0's file) and the measurements
+        of the window in progress, so a job resumed at any step continues as if not
+        stopped.
+
+        Raises:
+            NotImplementedError: on every rank, when the policy does not declare its
+                state (an :class:`~commgym.agents.base.Agent` subclass without
+                ``get_state``): a resumed job could not decide as this one would.
         """
+        if self._no_policy_state:
+            raise NotImplementedError(
+                f"CommScheduler cannot checkpoint policy {self._policy_name!r}: "
+                f"{self._no_policy_state}"
+            )
         return {
             "sync": self.sync.state_dict(),
             "optimizer_steps": self.optimizer_steps,
@@ -540,6 +580,7 @@ class CommScheduler:
             "observation": [float(x) for x in self.observation],
             "episode_start": self._episode_start,
             "policy_state": self._state,
+            "policy": self.policy.get_state() if self.policy is not None else None,
             "pending_s": self._pending_s,
             "records": [r.to_dict() for r in self.records],
             "builder": {
@@ -557,12 +598,18 @@ class CommScheduler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output (a collective: the synchronizer checks ranks).
 
+        Rank 0 restores the policy's own state from its file
+        (:meth:`Agent.set_state <commgym.agents.base.Agent.set_state>`).
+
         Raises:
-            ValueError: the saved action is not on this scheduler's menu.
+            ValueError: the saved action is not on this scheduler's menu; on every rank,
+                when rank 0's policy cannot take the saved policy state (another policy,
+                or rank 0 loaded a file saved by another rank).
         """
         action = np.array(state["action"], dtype=np.int64)
         if action.shape != (3,) or (action < 0).any() or (action >= self.menu.nvec).any():
             raise ValueError(f"saved action {state['action']} is not on the menu {self.menu}")
+        self._load_policy_state(state)
         self.sync.load_state_dict(state["sync"])
         self._action = action
         self.optimizer_steps = int(state["optimizer_steps"])
@@ -590,6 +637,35 @@ class CommScheduler:
         rec.extra_bytes = int(w["avg_bytes"])
         self._synced = None
         self._t_mark = None
+
+    def _load_policy_state(self, state: dict[str, Any]) -> None:
+        """Rank 0 restores its policy's state; every rank raises if that failed."""
+        err = ""
+        if self.rank == 0:
+            assert self.policy is not None
+            if "policy" not in state:  # a checkpoint written before policies had state
+                warnings.warn(
+                    "checkpoint holds no policy state (written by an older commgym): the "
+                    f"policy {self._policy_name!r} continues from its current state, so a "
+                    "stateful policy (random, bandit, autotune, ...) decides differently "
+                    "than the job that wrote it would have",
+                    stacklevel=3,
+                )
+            elif state["policy"] is None:
+                err = "this file holds no policy state: it was saved on a rank other than 0"
+            else:
+                try:
+                    self.policy.set_state(state["policy"])
+                except (KeyError, TypeError, ValueError, NotImplementedError) as exc:
+                    err = f"{type(exc).__name__}: {exc}"
+        box = [err]
+        dist.broadcast_object_list(box, src=self._src, group=self.group, device=self._device)
+        if box[0]:
+            raise ValueError(
+                f"CommScheduler.load_state_dict: rank 0's policy {self._policy_name!r} "
+                f"cannot take the saved policy state ({box[0]}); load each rank's own "
+                "checkpoint into a scheduler built with the same policy"
+            )
 
     def summary(self) -> dict[str, Any]:
         """Decisions, configuration changes and decision timings (plain values)."""

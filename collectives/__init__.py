@@ -5,6 +5,7 @@ averaging, a DDP communication-hook adapter and the compression kernels. This pa
 depends only on torch (never on gymnasium, stable-baselines3 or MLflow).
 """
 
+from commgym.collectives.amp import agree_found_inf
 from commgym.collectives.averaging import PeriodicAverager, average_optimizer_state
 from commgym.collectives.bucketing import BucketPlan
 from commgym.collectives.compressors import (
@@ -42,6 +43,7 @@ __all__ = [
     "ResidualMemory",
     "StepStats",
     "WorkerFailed",
+    "agree_found_inf",
     "average_optimizer_state",
     "ddp_comm_hook",
     "make_compressor",

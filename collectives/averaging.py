@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import time
+import zlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -291,17 +293,31 @@ class _DeltaAveraging:
         return nbytes
 
 
-def _optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """Per-parameter floating-point state tensors, in a rank-independent order."""
+def _float_state(optimizer: torch.optim.Optimizer) -> list[dict[str, torch.Tensor]]:
+    """Per parameter (in param-group order), its floating-point state tensors by key."""
     out = []
     for group in optimizer.param_groups:
         for p in group["params"]:
             state = optimizer.state.get(p, {})
-            for key in sorted(state):
-                t = state[key]
-                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() > 0:
-                    out.append(t)
+            out.append(
+                {
+                    k: v
+                    for k, v in sorted(state.items())
+                    if isinstance(v, torch.Tensor) and v.is_floating_point()
+                }
+            )
     return out
+
+
+def _layout(states: list[dict[str, torch.Tensor]]) -> list[list[tuple[str, tuple, str, str]]]:
+    """Per parameter: ``(key, shape, dtype, device)`` of each state tensor."""
+    return [
+        [
+            (k, tuple(v.shape), str(v.dtype).removeprefix("torch."), str(v.device))
+            for k, v in s.items()
+        ]
+        for s in states
+    ]
 
 
 @torch.no_grad()
@@ -309,39 +325,89 @@ def average_optimizer_state(optimizer: torch.optim.Optimizer, group=None) -> tup
     """Average an optimizer's per-parameter state across ranks (a collective).
 
     Local SGD leaves rank-local optimizer state apart (SGD momentum buffers, Adam's
-    ``exp_avg`` / ``exp_avg_sq``): each rank accumulated its own gradients. Averaging
-    parameters alone then does not make the replicas equal again, and a following
-    synchronous period (``H = 1``) would keep them apart forever (every rank applies the
-    same averaged gradient through a different momentum). Averaging the state as well
-    restores identical replicas, as at the start of training. Scalars (``step``) are left
-    alone: they are equal on every rank.
+    ``exp_avg`` / ``exp_avg_sq`` and per-parameter ``step``): each rank accumulated its
+    own gradients. Averaging parameters alone then does not make the replicas equal
+    again, and a following synchronous period (``H = 1``) would keep them apart forever
+    (every rank applies the same averaged gradient through a different momentum).
+    Averaging the state as well restores identical replicas, as at the start of training.
+
+    Every floating-point state tensor is averaged, scalars included (Adam's ``step``
+    differs between ranks when a parameter got no gradient on some ranks during local
+    steps). A rank may even lack a parameter's state altogether (it never had a gradient
+    there, so the optimizer skipped it): such a state is averaged over the ranks that
+    hold it and created on the others, so every rank ends with the same keys and values.
+    One small all-reduce of per-parameter checksums finds out whether the layouts agree;
+    only when they do not are the layouts exchanged (``all_gather_object``). Non-tensor
+    state is left alone.
 
     Every rank must call it at the same point with optimizers over the same parameters.
 
     Args:
-        optimizer: any ``torch.optim.Optimizer``; its floating-point state tensors with at
-            least one dimension are averaged in place (fp32-exact sum, then divide).
+        optimizer: any ``torch.optim.Optimizer``; its floating-point state tensors are
+            averaged in place (fp32-exact sum, then divide).
         group: process group (default: the world).
 
     Returns:
-        ``(bytes_sent, seconds)``; ``(0, 0.0)`` when the optimizer has no such state.
+        ``(bytes_sent, seconds)``; ``(0, 0.0)`` when the optimizer has no parameters.
     """
     t0 = time.perf_counter()
-    tensors = _optimizer_state_tensors(optimizer)
-    if not tensors:
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if not params:
         return 0, 0.0
+    states = _float_state(optimizer)
     world = dist.get_world_size(group)
-    nbytes = 0
-    by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for t in tensors:
-        by_kind.setdefault((t.dtype, t.device), []).append(t)
-    for ts in by_kind.values():
-        flat = torch.cat([t.reshape(-1) for t in ts])
+    nccl = dist.get_backend(group) == "nccl"
+    ctl = params[0].device if nccl else torch.device("cpu")
+    layout = _layout(states)
+    # [checksum per parameter, -checksum per parameter] reduced with MAX: max and -min
+    sums = torch.tensor([zlib.crc32(repr(lay).encode()) for lay in layout], dtype=torch.int64)
+    check = torch.cat([sums, -sums]).to(ctl)
+    dist.all_reduce(check, op=dist.ReduceOp.MAX, group=group)
+    nbytes = check.numel() * check.element_size()
+    n = len(params)
+    if torch.equal(check[:n], -check[n:]):  # the same layout on every rank (the usual case)
+        union, counts = layout, None
+    else:
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, layout, group=group)
+        union = [sorted({e for g in gathered for e in g[i]}) for i in range(n)]
+        counts = [[sum(e in g[i] for g in gathered) for e in union[i]] for i in range(n)]
+    entries: list[tuple[int, str, torch.Tensor | None, tuple, torch.dtype, torch.device]] = []
+    for i, lay in enumerate(union):
+        for key, shape, dtype, device in lay:
+            have = states[i].get(key)
+            ok = have is not None and tuple(have.shape) == shape
+            entries.append(
+                (i, key, have if ok else None, shape, getattr(torch, dtype), torch.device(device))
+            )
+    by_kind: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    for j, (_, _, _, _, dtype, device) in enumerate(entries):
+        by_kind.setdefault((dtype, device), []).append(j)
+    flat_counts = None
+    if counts is not None:
+        flat_counts = [c for per in counts for c in per]
+    for (dtype, device), js in by_kind.items():
+        comm = ctl if nccl else device  # NCCL cannot reduce CPU tensors (Adam's step)
+        flat = torch.cat(
+            [
+                t.reshape(-1).to(comm)
+                if t is not None
+                else torch.zeros(math.prod(shape), dtype=dtype, device=comm)
+                for _, _, t, shape, _, _ in (entries[j] for j in js)
+            ]
+        )
         dist.all_reduce(flat, group=group)
-        flat.div_(world)
-        off = 0
-        for t in ts:
-            t.copy_(flat[off : off + t.numel()].view_as(t))
-            off += t.numel()
         nbytes += flat.numel() * flat.element_size()
+        off = 0
+        for j in js:
+            i, key, t, shape, _, _ = entries[j]
+            numel = math.prod(shape)
+            chunk = flat[off : off + numel]
+            off += numel
+            div = world if flat_counts is None else flat_counts[j]
+            value = chunk.div(div).view(shape).to(device)
+            if t is not None:
+                t.copy_(value)
+            else:  # this rank never stepped the parameter: take the others' state
+                optimizer.state[params[i]][key] = value.clone()
     return nbytes, time.perf_counter() - t0

@@ -38,8 +38,14 @@ class DDPHookState:
     theirs (re-bucketed, not dropped). The bucket layouts last used are part of
     :meth:`state_dict`: a resumed job, whose fresh DDP wrapper starts with its
     pre-rebuild buckets, compresses each of those as the saved layouts it is made of,
-    so resuming is bit-identical to not stopping (at world size 2; at more ranks a ring
-    all-reduce sums in a buffer-position-dependent order, as DDP's own resume does).
+    so every layout is compressed and summed as in the job that wrote the checkpoint and
+    resuming is bit-identical to not stopping, at any world size (tested at 2 and 3).
+    A DDP wrapper that rebuilds its buckets (``find_unused_parameters=False``) starts
+    with ONE bucket holding every parameter, which every saved layout splits; one that
+    does not rebuild keeps its buckets. Right after the first iteration, DDP's rebuild is
+    still pending and its buckets unknown to the hook:
+    :class:`~commgym.collectives.ddp_sync.DDPHookSynchronizer` saves the buckets DDP
+    will use instead (the hook alone saves those it saw).
 
     Attributes:
         compressor: the compressor instance in force.

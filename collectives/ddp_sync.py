@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -98,6 +99,22 @@ class DDPHookSynchronizer:
         self._t_forward: float | None = None
         self._bytes_mark = 0
         self._handle = ddp_model.register_forward_pre_hook(self._on_forward)
+        # DDP rebuilds its buckets at the second synchronising forward, in the order the
+        # gradients became ready in the first synchronising backward; that order is
+        # recorded so a checkpoint can name the buckets DDP uses next (see state_dict)
+        self._rebuilds = not ddp_model.find_unused_parameters and not getattr(
+            ddp_model, "static_graph", False
+        )
+        self._ready_order: list[int] = []
+        self._sync_forwards = 0
+        self._ready_handles = (
+            [
+                p.register_post_accumulate_grad_hook(functools.partial(self._on_ready, i))
+                for i, p in enumerate(self.params)
+            ]
+            if self._rebuilds
+            else []
+        )
 
     # -- the GradientSynchronizer interface -----------------------------------------------
     @property
@@ -115,6 +132,35 @@ class DDPHookSynchronizer:
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
         if self._t_forward is None and torch.is_grad_enabled():
             self._t_forward = time.perf_counter()
+        if torch.is_grad_enabled() and self.model.require_backward_grad_sync:
+            self._sync_forwards += 1
+            if self._sync_forwards > 1 and self._ready_handles:  # DDP rebuilds now
+                for h in self._ready_handles:
+                    h.remove()
+                self._ready_handles = []
+
+    def _on_ready(self, index: int, param: torch.Tensor) -> None:
+        if self._sync_forwards == 1 and index not in self._ready_order:
+            self._ready_order.append(index)
+
+    def _next_layouts(self) -> list[tuple[int, ...]] | None:
+        """DDP's buckets after its rebuild (parameter indices), once the order is known.
+
+        The assignment DDP's reducer computes (``compute_bucket_assignment_by_size`` over
+        the first synchronising backward's ready order, first bucket capped as DDP caps
+        it); None while DDP still runs its initial buckets (a fresh wrapper has the same)
+        or never rebuilds (``find_unused_parameters=True``).
+        """
+        if not self._rebuilds or len(self._ready_order) != len(self.params):
+            return None
+        ddp = self.model
+        cap = int(ddp.bucket_bytes_cap)
+        first = dist._DEFAULT_FIRST_BUCKET_BYTES if ddp.bucket_bytes_cap_default else cap
+        order = self._ready_order
+        buckets, _ = dist._compute_bucket_assignment_by_size(
+            [self.params[i] for i in order], [first, cap], [False] * len(order), order
+        )
+        return [tuple(int(i) for i in b) for b in buckets]
 
     def synchronize(self) -> StepStats:
         """What the hook did for this step's backward (DDP already synchronised).
@@ -225,13 +271,22 @@ class DDPHookSynchronizer:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Config, counters, hook state (residuals, layouts) and averager state."""
+        """Config, counters, hook state (residuals, layouts) and averager state.
+
+        The saved layouts are the buckets DDP hands the hook next: after DDP's rebuild
+        (or with the rebuild pending, right after the first iteration) the rebuilt
+        buckets, so the resumed job compresses its first iteration as this one would.
+        """
+        hook = self.state.state_dict()
+        layouts = self._next_layouts()
+        if layouts is not None:
+            hook["layouts"] = [list(lay) for lay in layouts]
         return {
             "config": self._config.to_dict(),
             "step": self._step,
             "optimizer_steps": self._opt_steps,
             "local_steps": self._local_steps,
-            "hook": self.state.state_dict(),
+            "hook": hook,
             "averager": self._averager.state_dict(),
         }
 
@@ -253,3 +308,6 @@ class DDPHookSynchronizer:
         self.state.reconfigure("none")
         self.state.communicate = True
         self._handle.remove()
+        for h in self._ready_handles:
+            h.remove()
+        self._ready_handles = []

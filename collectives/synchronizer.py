@@ -721,7 +721,8 @@ class GradientSynchronizer:
                 parameters changed since backward (``optimizer.step()`` before
                 ``synchronize()``); a gradient changed in place since backward (clipping
                 before ``synchronize()``); ``after_optimizer_step()`` missing under local
-                SGD.
+                SGD (a second ``synchronize()`` for one optimizer step: accumulate with
+                :meth:`no_sync`).
             CollectiveTimeout: a rank did not join within ``timeout_s``.
         """
         if self._no_sync:
@@ -730,10 +731,15 @@ class GradientSynchronizer:
                 "micro-batch's backward outside it, then call synchronize()"
             )
         if self._awaiting_opt_step and self.config.sync_period > 1:
+            # two causes look alike here: synchronize() once per micro-batch (accumulation
+            # without no_sync()), or an optimizer step without after_optimizer_step()
             raise RuntimeError(
-                "after_optimizer_step() was not called since the last synchronize(); under "
-                "local SGD (sync_period > 1) call it once after every optimizer step (also a "
-                "skipped one) on every rank, or the ranks average at different steps"
+                "synchronize() called again without after_optimizer_step() since the last "
+                "one. To accumulate micro-batches, run all but the last backward inside "
+                "`with sync.no_sync():` and call synchronize() once per optimizer step; "
+                "under local SGD (sync_period > 1) call after_optimizer_step() once after "
+                "every optimizer step (also a skipped one) on every rank, or the ranks "
+                "average at different steps"
             )
         st = self._state
         clock = self._clock

@@ -13,38 +13,29 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-from tests.dist_pool import DistPool
-
-_POOLS: dict[int, DistPool] = {}
-
-
-def _pool(world_size: int) -> DistPool:
-    if world_size not in _POOLS:
-        _POOLS[world_size] = DistPool(world_size)
-    return _POOLS[world_size]
+from tests.dist_pool import DistPool, close_shared_pools, shared_pool
 
 
 @pytest.fixture(scope="session")
 def dist2() -> DistPool:
     """Two gloo ranks on CPU."""
-    return _pool(2)
+    return shared_pool(2)
 
 
 @pytest.fixture(scope="session")
 def dist4() -> DistPool:
     """Four gloo ranks on CPU."""
-    return _pool(4)
+    return shared_pool(4)
 
 
 @pytest.fixture(params=[2, 4], ids=["w2", "w4"])
 def dist_any(request) -> DistPool:
     """Parametrised over 2 and 4 ranks."""
-    return _pool(request.param)
+    return shared_pool(request.param)
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    for pool in _POOLS.values():
-        pool.close()
+    close_shared_pools()
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -5,6 +5,9 @@ Each rank is a ``spawn``-started process with ``torch.distributed`` initialised 
 runs it and the results come back as a list indexed by rank. A rank that raises makes
 ``run`` raise with its traceback; a hang past ``timeout_s`` kills the pool (the next
 ``run`` starts a fresh one), so a broken test never hangs the suite.
+
+:func:`shared_pool` keeps one pool per world size for the whole session (the fixtures in
+``conftest.py`` and tests that draw the world size, such as the training-loop fuzzer).
 """
 
 from __future__ import annotations
@@ -112,3 +115,19 @@ class DistPool:
         init_file = getattr(self, "_init_file", None)
         if init_file and os.path.exists(init_file):  # gloo's FileStore re-creates it
             os.unlink(init_file)
+
+
+_SHARED: dict[int, DistPool] = {}
+
+
+def shared_pool(world_size: int) -> DistPool:
+    """The session's persistent pool of ``world_size`` ranks (started on first use)."""
+    if world_size not in _SHARED:
+        _SHARED[world_size] = DistPool(world_size)
+    return _SHARED[world_size]
+
+
+def close_shared_pools() -> None:
+    """Stop every pool :func:`shared_pool` started."""
+    for pool in _SHARED.values():
+        pool.close()

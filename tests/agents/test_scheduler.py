@@ -191,3 +191,28 @@ def test_example_with_saved_ppo_policy_decides_fast(tmp_path):
     # target <= 1 ms per decision for an MLP policy; generous bound for loaded CI machines
     assert res["summary"]["policy_ms_median"] < 5.0, res["summary"]
     print(f"PPO policy decision time: median {res['summary']['policy_ms_median']:.3f} ms")
+
+
+def rank_sync_twice(rank, world, period):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = CommScheduler(
+        model, opt, f"static:none/25MB/H{period}", decision_every=5, time_budget_s=1.0
+    )
+    x = torch.randn(4, 8)
+    model(x).sum().backward()
+    sched.synchronize()
+    try:
+        sched.synchronize()  # e.g. once per micro-batch instead of no_sync()
+    except RuntimeError as err:
+        return str(err)
+    finally:
+        sched.step()
+        sched.close()
+    return "did not raise"
+
+
+@pytest.mark.parametrize("period", [1, 2])
+def test_synchronize_twice_names_no_sync(dist2, period):
+    for msg in dist2.run(rank_sync_twice, period):
+        assert "called twice" in msg and "sched.no_sync()" in msg, msg

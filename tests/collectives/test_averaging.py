@@ -300,3 +300,62 @@ def test_digits_reaches_target_within_bound_of_exact_averaging(dist2, spec):
     assert exact is not None
     bound = CONVERGENCE_BOUNDS[spec]
     assert got is not None and got <= bound * exact, (spec, got, exact)
+
+
+# -- optimizer state that local SGD left apart in layout, not only in value -----------------
+class TwoHeads(torch.nn.Module):
+    """A trunk and two heads; each rank may use a different head (rank-dependent data)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = torch.nn.Linear(12, 16)
+        self.heads = torch.nn.ModuleList([torch.nn.Linear(16, 5), torch.nn.Linear(16, 5)])
+
+    def forward(self, x: torch.Tensor, head: int) -> torch.Tensor:
+        return self.heads[head](torch.relu(self.trunk(x)))
+
+
+def rank_state_layouts(rank, world, optimizer, heads):
+    torch.manual_seed(0)
+    model = TwoHeads()
+    make = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+            "adamw": lambda p: torch.optim.AdamW(p, lr=0.01)}[optimizer]  # fmt: skip
+    opt = make(model.parameters())
+    sync = GradientSynchronizer(model, CommConfig("none", sync_period=2), optimizer=opt)
+    out = []
+    for step in range(6):
+        if step == 3:  # back to period 1: averages parameters and optimizer state
+            sync.reconfigure(CommConfig("none"))
+        # local steps: rank r uses head heads[r] only (some heads unused on some ranks, so
+        # the optimizer keeps no state for them there, and Adam's step counts differ)
+        head = heads[rank % len(heads)] if step < 3 else 0
+        opt.zero_grad(set_to_none=True)
+        x, y = _batch(rank, step)
+        F.cross_entropy(model(x, head), y).backward()
+        sync.synchronize()
+        opt.step()
+        sync.after_optimizer_step()
+        if step >= 3:
+            state = [
+                torch.cat([v.detach().double().reshape(-1) for _, v in sorted(s.items())])
+                for s in (opt.state.get(p, {}) for p in model.parameters())
+                if s
+            ]
+            flat = torch.cat([_flat_params(model), *state])
+            rows = [torch.empty_like(flat) for _ in range(world)]
+            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+            dist.all_gather(sizes, torch.tensor([flat.numel()]))
+            same_size = len({int(s) for s in sizes}) == 1
+            if same_size:
+                dist.all_gather(rows, flat)
+            out.append(same_size and all(torch.equal(r, rows[0]) for r in rows))
+    return out
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+@pytest.mark.parametrize("heads", [(0, 1), (1, 1, 0, 0)], ids=["other-head", "same-size"])
+def test_optimizer_state_with_different_layouts_is_averaged(dist_any, optimizer, heads):
+    # each head's state exists on some ranks only: it used to crash gloo (a size mismatch)
+    # or, with equal total sizes, average different parameters' state together silently
+    for identical in dist_any.run(rank_state_layouts, optimizer, heads):
+        assert identical == [True, True, True], identical

@@ -346,3 +346,26 @@ def test_a_stalled_rank_becomes_a_timeout_error():
     assert out[1] == "stalled"
     assert out[0].startswith("timeout after") and "timeout_s=1" in out[0], out[0]
     assert float(out[0].split()[2].rstrip("s:")) < 3.0
+
+
+# ---------------------------------------------------------------------------------
+def rank_sync_twice(rank, world):
+    # accumulation done wrong: synchronize() after each micro-batch under local SGD
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sync = GradientSynchronizer(model, CommConfig("none", sync_period=2), optimizer=opt)
+    _step(model, rank)
+    sync.synchronize()
+    _step(model, rank, 1)
+    try:
+        sync.synchronize()
+    except RuntimeError as err:
+        return str(err)
+    return "did not raise"
+
+
+def test_synchronize_twice_under_local_sgd_names_no_sync(dist2):
+    for msg in dist2.run(rank_sync_twice):
+        assert "no_sync()" in msg and "after_optimizer_step()" in msg, msg
+        assert msg.index("no_sync()") < msg.index("after_optimizer_step() once"), msg
