@@ -311,6 +311,9 @@ class Agent(ABC):
     learned: ClassVar[bool] = False
     #: Learns by forking real episodes (``AllReduceEnv.snapshot``): never on the surrogate.
     needs_real_env: ClassVar[bool] = False
+    #: Answers ``predict`` from an observation. False for bounds found per evaluation seed
+    #: (``oracle-adaptive``): nothing to steer a job with, so ``CommScheduler`` refuses it.
+    acts: ClassVar[bool] = True
 
     def __init__(self, env: gym.Env, *, seed: int | None = None, **hyperparams: Any) -> None:
         self.env = env

@@ -200,12 +200,12 @@ class OracleAdaptiveAgent(StepAgent):
 
     Raises:
         ValueError: bad ``seeds``/``entries``; ``static`` over other seeds.
-        TypeError: the env cannot fork episodes.
     """
 
     name = "oracle-adaptive"
     oracle = True
     needs_real_env = True
+    acts = False
 
     def __init__(
         self,
@@ -220,12 +220,6 @@ class OracleAdaptiveAgent(StepAgent):
         super().__init__(
             env, seed=seed, seeds=seeds, entries=None if entries is None else list(entries)
         )
-        for method in ("snapshot", "restore", "drop_snapshots", "episode_phases"):
-            if not hasattr(type(env.unwrapped), method):
-                raise TypeError(
-                    f"oracle-adaptive forks episodes and needs the real env "
-                    f"(commgym/AllReduce); {type(env.unwrapped).__name__} has no {method}"
-                )
         if static is not None and list(static.seeds) != seeds:
             raise ValueError(
                 f"static oracle searched seeds {static.seeds}, this one evaluates {seeds}"
@@ -277,6 +271,7 @@ class OracleAdaptiveAgent(StepAgent):
 
         Raises:
             ValueError: ``total_timesteps`` is not None.
+            TypeError: the env cannot fork episodes (not ``commgym/AllReduce``).
             RuntimeError: the callback stopped the search.
         """
         if total_timesteps is not None:
@@ -285,6 +280,12 @@ class OracleAdaptiveAgent(StepAgent):
                 f"None, got {total_timesteps!r}"
             )
         env = self._require_env()
+        for method in ("snapshot", "restore", "drop_snapshots", "episode_phases"):
+            if not hasattr(type(env.unwrapped), method):
+                raise TypeError(
+                    f"oracle-adaptive forks episodes and needs the real env "
+                    f"(commgym/AllReduce); {type(env.unwrapped).__name__} has no {method}"
+                )
         if not self.static.ranking:
             self.static.learn(progress_bar=progress_bar)
             self.search_decisions += self.static.search_decisions

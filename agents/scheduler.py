@@ -144,6 +144,7 @@ def resolve_policy(
     env = LayoutEnv(menu)
     if isinstance(policy, Agent):
         check_compatible(policy.layout, env)
+        _check_acts(policy)
         return policy
     if not isinstance(policy, str | os.PathLike):
         raise TypeError(
@@ -158,8 +159,19 @@ def resolve_policy(
             raise ValueError(f"policy file {path} cannot steer this job: {err}") from None
         agent = load_agent(path)
         agent.trained_on = meta.get("trained_on") or agent.trained_on
-        return agent
-    return make_agent(str(policy), env, seed=seed)
+        return _check_acts(agent)
+    return _check_acts(make_agent(str(policy), env, seed=seed))
+
+
+def _check_acts(agent: Agent) -> Agent:
+    if not agent.acts:
+        raise ValueError(
+            f"{agent.name or type(agent).__name__} is a bound found per evaluation seed in "
+            "hindsight and cannot steer a job; replay one seed's schedule with "
+            "agent.for_seed(seed), or pass a policy (a trained agent, a policy file, a "
+            "static preset)"
+        )
+    return agent
 
 
 def policy_mismatch(
@@ -785,24 +797,36 @@ class CommScheduler:
         prev_action = self._action
         prev_config = str(self.config)
         msg = torch.full((4,), -1.0, dtype=torch.float64)
+        failure: BaseException | None = None
         if self.rank == 0:
             assert self.policy is not None
             p0 = time.perf_counter()
-            action, self._state = self.policy.predict(
-                obs,
-                state=self._state,
-                episode_start=np.array([self._episode_start]),
-                deterministic=self.deterministic,
-            )
-            policy_s = time.perf_counter() - p0
-            a = np.asarray(action, dtype=np.int64).reshape(-1)
-            if a.shape == (3,) and (a >= 0).all() and (a < self.menu.nvec).all():
-                msg[:3] = torch.from_numpy(a.astype(np.float64))
-            msg[3] = policy_s
+            try:
+                action, self._state = self.policy.predict(
+                    obs,
+                    state=self._state,
+                    episode_start=np.array([self._episode_start]),
+                    deterministic=self.deterministic,
+                )
+            except Exception as exc:  # the other ranks must raise too, not wait for it
+                failure = exc
+                msg[0] = -2.0
+            else:
+                a = np.asarray(action, dtype=np.int64).reshape(-1)
+                if a.shape == (3,) and (a >= 0).all() and (a < self.menu.nvec).all():
+                    msg[:3] = torch.from_numpy(a.astype(np.float64))
+            msg[3] = time.perf_counter() - p0
         self._episode_start = False
         msg = msg.to(self._device)
         dist.broadcast(msg, src=self._src, group=self.group)
         vals = msg.cpu().tolist()
+        if vals[0] == -2.0:
+            if failure is not None:
+                raise failure
+            raise RuntimeError(
+                f"policy {self._policy_name!r} raised in predict on rank 0 (its error is "
+                "rank 0's); every rank stops at this decision"
+            )
         if vals[0] < 0:
             raise RuntimeError(
                 f"policy {self._policy_name!r} answered an action outside the menu "

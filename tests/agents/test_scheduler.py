@@ -216,3 +216,56 @@ def rank_sync_twice(rank, world, period):
 def test_synchronize_twice_names_no_sync(dist2, period):
     for msg in dist2.run(rank_sync_twice, period):
         assert "called twice" in msg and "sched.no_sync()" in msg, msg
+
+
+def rank_oracle_adaptive_refused(rank, world):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        CommScheduler(model, opt, "oracle-adaptive", time_budget_s=1.0)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def test_a_bound_in_hindsight_cannot_steer_a_job(dist2):
+    for msg in dist2.run(rank_oracle_adaptive_refused):
+        assert msg is not None and "hindsight" in msg and "for_seed" in msg, msg
+
+
+class _FailingPolicy(StaticAgent):
+    """A policy whose third answer raises (a bug in a user's agent)."""
+
+    def __init__(self, env):
+        super().__init__(env, preset="none/25MB/H1")
+        self.calls = 0
+
+    def _act(self, obs, state, deterministic):
+        self.calls += 1
+        if self.calls == 3:
+            raise KeyError("a bug in the policy")
+        return super()._act(obs, state, deterministic)
+
+
+def rank_policy_raises(rank, world):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = _FailingPolicy(LayoutEnv(ActionMenu()))
+    # a short collective timeout: a rank left waiting would raise CollectiveTimeout instead
+    sched = CommScheduler(model, opt, policy, decision_every=1, time_budget_s=1.0, timeout_s=20.0)
+    try:
+        for _ in range(6):
+            model(torch.randn(4, 8)).sum().backward()
+            sched.step()
+            opt.zero_grad()
+    except Exception as err:  # noqa: BLE001 - the test reports what each rank raised
+        return f"{type(err).__name__}: {err}"
+    finally:
+        sched.close()
+    return "did not raise"
+
+
+def test_a_policy_that_raises_stops_every_rank_at_the_same_decision(dist2):
+    rank0, rank1 = dist2.run(rank_policy_raises)
+    assert rank0.startswith("KeyError") and "a bug in the policy" in rank0, rank0
+    assert rank1.startswith("RuntimeError") and "raised in predict on rank 0" in rank1, rank1
