@@ -48,8 +48,9 @@ def board(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lb")
     (tmp / "tiny.yaml").write_text(yaml.safe_dump(TINY))
     uri = f"sqlite:///{tmp}/mlflow.db"
-    args = ["leaderboard", "--scenarios", str(tmp / "tiny.yaml"), "--agents", ",".join(AGENTS),
-            "--seeds", str(SEEDS), "--tracking-uri", uri, "--output-dir", str(tmp / "out")]  # fmt: skip
+    args = ["leaderboard", "--scenarios", str(tmp / "tiny.yaml"), "--agents",
+            ",".join(AGENTS), "--seeds", str(SEEDS), "--tracking-uri", uri,
+            "--output-dir", str(tmp / "out")]  # fmt: skip
     out = cli_ok(args, tmp, timeout_s=900)
     return tmp, uri, out, args
 
@@ -124,7 +125,7 @@ def test_mlflow_parent_and_one_child_per_episode(board):
 
 
 def test_policy_dir_loads_the_saved_policy_instead_of_training(board):
-    tmp, uri, _, args = board
+    tmp, _uri, _, args = board
     cost = json.loads((tmp / "out" / "tiny" / "ppo" / "policy.cost.json").read_text())
     again = [*args[:-1], str(tmp / "out2")]
     again[again.index("--agents") + 1] = "ppo,static:ddp-default"
