@@ -132,9 +132,11 @@ def layout_of(env: gym.Env) -> dict[str, Any]:
 
 
 def training_facts(env: gym.Env) -> dict[str, Any] | None:
-    """Model size and decision interval of the job ``env`` runs (None if it runs none).
+    """Model size, decision interval and observation options of the job ``env`` runs.
 
-    Stored in policy files so replay can warn when a policy meets another job.
+    Stored in policy files (``trained_on``) so replay can warn when a policy meets another
+    job and runs the probe all-reduce the policy was trained with. None if ``env`` runs no
+    job.
     """
     base = getattr(env, "unwrapped", env)
     cfg = getattr(base, "config", None)
@@ -142,9 +144,12 @@ def training_facts(env: gym.Env) -> dict[str, Any] | None:
     n = getattr(base, "_num_params", None) or getattr(base, "num_params", None)
     if not isinstance(steps, int) and not isinstance(n, int):
         return None
+    probe = getattr(cfg, "probe_bytes", 0)
     return {
         "num_params": n if isinstance(n, int) else None,
         "steps_per_decision": steps if isinstance(steps, int) else None,
+        "probe_bytes": probe if isinstance(probe, int) else 0,
+        "privileged_obs": getattr(cfg, "privileged_obs", False) is True,
     }
 
 

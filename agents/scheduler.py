@@ -88,6 +88,7 @@ from commgym.env.measure import (
     RankMeasurement,
     combine_eval,
 )
+from commgym.env.rank_bench import LinkProbe
 from commgym.env.spaces import ActionMenu, ObservationBuilder
 
 __all__ = [
@@ -305,11 +306,15 @@ class CommScheduler:
         seed: seed of the synchronizer's cross-rank randomness and of a named agent.
         deterministic: passed to ``policy.predict``.
         timeout_s: collective timeout of the synchronizer, seconds (default: its own).
+        probe_bytes: size of the probe all-reduce timed at every decision's end, B (the
+            env's ``probe_bytes``; its time counts as training time). None: what the
+            policy was trained with (its file's ``trained_on``; 0, no probe, if unknown).
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
-        ValueError: invalid ``decision_every`` / ``time_budget_s`` / ``initial_config``,
-            or a policy saved for another action menu or observation layout.
+        ValueError: invalid ``decision_every`` / ``time_budget_s`` / ``initial_config`` /
+            ``probe_bytes``, or a policy saved for another action menu or observation
+            layout.
     """
 
     def __init__(
@@ -329,6 +334,7 @@ class CommScheduler:
         seed: int = 0,
         deterministic: bool = True,
         timeout_s: float | None = None,
+        probe_bytes: int | None = None,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
@@ -381,7 +387,11 @@ class CommScheduler:
         self.policy: Agent | None = None
         self._policy_name = str(policy) if not isinstance(policy, Agent) else repr(policy)
         num_params = sum(p.numel() for p in params if p.requires_grad)
-        err, start, mismatch, no_state = "", None, [], ""
+        if probe_bytes is not None and (
+            isinstance(probe_bytes, bool) or not isinstance(probe_bytes, int) or probe_bytes < 0
+        ):
+            raise ValueError(f"probe_bytes must be an int >= 0 (0: no probe), got {probe_bytes!r}")
+        err, start, mismatch, no_state, probe = "", None, [], "", probe_bytes or 0
         if self.rank == 0:
             try:
                 self.policy = resolve_policy(policy, self.menu, seed=seed)
@@ -395,12 +405,23 @@ class CommScheduler:
                     num_params=num_params,
                     decision_every=decision_every,
                 )
+                trained = getattr(self.policy, "trained_on", None) or {}
+                if probe_bytes is None:
+                    probe = int(trained.get("probe_bytes") or 0)
+                if trained.get("privileged_obs"):
+                    mismatch.append(
+                        "it was trained with the privileged condition fields "
+                        "(log10_link_gbps, straggler_ms), which read 0 in a job"
+                    )
                 try:  # known on every rank, so state_dict() refuses on every rank
                     self.policy.get_state()
                 except NotImplementedError as exc:
                     no_state = str(exc)
-        box = [err, start, no_state]
+        box = [err, start, no_state, probe]
         dist.broadcast_object_list(box, src=self._src, group=group, device=self._device)
+        #: size of the probe all-reduce at every decision's end, B (0: none)
+        self.probe_bytes: int = int(box[3])
+        self._link_probe = LinkProbe(self._device, group)
         if box[0]:
             raise ValueError(f"CommScheduler cannot use policy {self._policy_name!r}: {box[0]}")
         if box[1] is not None:  # a static preset is in force from the first step
@@ -738,7 +759,7 @@ class CommScheduler:
         return value, time.perf_counter() - t0, 1
 
     def _measure(
-        self, consensus_s: float, consensus_comm_s: float, consensus_bytes: int
+        self, consensus_s: float, consensus_comm_s: float, consensus_bytes: int, probe_s: float
     ) -> RankMeasurement:
         """This rank's record of the window (the env worker's, with the replay's eval)."""
         rec = self._recorder
@@ -748,7 +769,7 @@ class CommScheduler:
         else:
             eval_loss, eval_s, eval_n = train_loss, 0.0, 1
         return rec.finish(
-            overhead_s=consensus_s + self._pending_s,
+            overhead_s=consensus_s + self._pending_s + probe_s,
             consensus_comm_s=consensus_comm_s,
             consensus_bytes=consensus_bytes,
             eval_loss=eval_loss,
@@ -758,6 +779,8 @@ class CommScheduler:
             samples=0,
             train_loss=train_loss,
             check_eval=self.eval_fn is not None,
+            probe_s=probe_s,
+            probe_bytes=self.probe_bytes,
         )
 
     def _exchange(self, local: RankMeasurement | dict[str, Any]) -> list[RankMeasurement]:
@@ -791,7 +814,8 @@ class CommScheduler:
         t0 = time.perf_counter()
         cons = self.sync.consensus()  # one consensus model per decision, as in the env
         consensus_s = time.perf_counter() - t0
-        local = self._measure(consensus_s, cons.comm_s, cons.bytes_sent)
+        probe_s = self._link_probe(self.probe_bytes)  # after the last collective, as the env
+        local = self._measure(consensus_s, cons.comm_s, cons.bytes_sent, probe_s)
         m, obs = self._observe(self._exchange(local))
         self.observation = obs
         prev_action = self._action

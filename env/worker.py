@@ -57,7 +57,7 @@ import torch.distributed as dist
 from commgym.collectives import CommConfig, GradientSynchronizer
 from commgym.env.cluster import LaunchConfig
 from commgym.env.measure import DecisionRecorder
-from commgym.env.rank_bench import bench_allgather, bench_allreduce, bench_sync
+from commgym.env.rank_bench import LinkProbe, bench_allgather, bench_allreduce, bench_sync
 from commgym.env.stragglers import StragglerDraw, StragglerSpec
 from commgym.env.workloads.shards import shard_indices
 
@@ -84,6 +84,7 @@ class RankRunner:
         self.rank = rank
         self.world_size = world_size
         self.device = device
+        self._probe = LinkProbe(device)
         self.config = config
         self.sync: GradientSynchronizer | None = None
         self.model: torch.nn.Module | None = None
@@ -248,26 +249,6 @@ class RankRunner:
             "reconfigure_s": reconfigure_s,
             "handler_s": time.perf_counter() - t_handler,
         }
-
-    def _probe(self, nbytes: int) -> float:
-        """Time one fp32 all-reduce of ``nbytes``; 0 s when ``nbytes`` is 0.
-
-        A fixed-size collective measures the link independently of the configuration the
-        decision ran (whose own bytes and waits depend on that configuration). It runs
-        right after the decision's last collective, when an emulated link's token bucket
-        is mostly drained, so it sees the link's rate rather than its burst. No barrier:
-        the environment takes the fastest rank's time (that rank waited for nobody).
-        """
-        if nbytes <= 0:
-            return 0.0
-        n = max(1, nbytes // 4)
-        if getattr(self, "_probe_buf", None) is None or self._probe_buf.numel() != n:
-            self._probe_buf = torch.zeros(n, dtype=torch.float32, device=self.device)
-        t0 = time.perf_counter()
-        dist.all_reduce(self._probe_buf)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter() - t0
 
     def snapshot(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Copy the episode's state under ``msg["key"]`` (in memory, on this rank).

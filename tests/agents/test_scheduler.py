@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from commgym.agents import PPOAgent, StaticAgent
 from commgym.agents.base import LayoutEnv
 from commgym.agents.scheduler import EXCHANGED_FIELDS, CommScheduler, resolve_policy
 from commgym.env.measure import DecisionMeasurement
-from commgym.env.spaces import ActionMenu, ObservationBuilder
+from commgym.env.spaces import OBSERVATION_FIELDS, ActionMenu, ObservationBuilder
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "experiments" / "examples" / "train_with_scheduler.py"
@@ -269,3 +270,58 @@ def test_a_policy_that_raises_stops_every_rank_at_the_same_decision(dist2):
     rank0, rank1 = dist2.run(rank_policy_raises)
     assert rank0.startswith("KeyError") and "a bug in the policy" in rank0, rank0
     assert rank1.startswith("RuntimeError") and "raised in predict on rank 0" in rank1, rank1
+
+
+def rank_probe(rank, world, trained_on, probe_bytes):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = StaticAgent(LayoutEnv(ActionMenu()), preset="none/25MB/H1")
+    policy.trained_on = trained_on
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sched = CommScheduler(
+            model, opt, policy, decision_every=2, time_budget_s=1.0, probe_bytes=probe_bytes
+        )
+    for _ in range(4):
+        model(torch.randn(4, 8)).sum().backward()
+        sched.step()
+        opt.zero_grad()
+    sched.close()
+    probe_field = [f.name for f in OBSERVATION_FIELDS].index("log10_probe_gbps")
+    return {
+        "probe_bytes": sched.probe_bytes,
+        "measured": [(r.measured["probe_bytes"], r.measured["probe_s"]) for r in sched.records],
+        "obs": [r.observation[probe_field] for r in sched.records],
+        "warnings": [str(w.message) for w in caught],
+    }
+
+
+def test_replay_runs_the_probe_the_policy_was_trained_with(dist2):
+    facts = {"num_params": 212, "steps_per_decision": 2, "probe_bytes": 4096}
+    for res in dist2.run(rank_probe, facts, None):
+        assert res["probe_bytes"] == 4096
+        assert [b for b, _ in res["measured"]] == [4096, 4096]
+        assert all(s > 0 for _, s in res["measured"]) and all(o != 0 for o in res["obs"])
+    for res in dist2.run(rank_probe, facts, 0):  # explicitly off
+        assert res["measured"] == [(0, 0.0), (0, 0.0)] and res["obs"] == [0.0, 0.0]
+
+
+def test_replay_warns_about_a_policy_trained_with_privileged_fields(dist2):
+    facts = {"num_params": 212, "steps_per_decision": 2, "privileged_obs": True}
+    rank0, _ = dist2.run(rank_probe, facts, None)
+    assert any("privileged" in w for w in rank0["warnings"]), rank0["warnings"]
+
+
+def rank_bad_probe(rank, world):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        CommScheduler(model, opt, "static:ddp-default", probe_bytes=-1)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def test_a_negative_probe_is_refused_on_every_rank(dist2):
+    for msg in dist2.run(rank_bad_probe):
+        assert msg is not None and "probe_bytes must be an int >= 0" in msg and "-1" in msg
