@@ -170,3 +170,25 @@ def test_phases_and_conditions_of_an_episode_are_reported():
             AllReduceEnv(workload="mlp-digits", world_size=1).snapshot()
     finally:
         env.close()
+
+
+def test_the_probe_is_timed_counted_and_observed():
+    """probe_bytes: every decision ends with a timed fp32 all-reduce of that size; its time is
+    training time and the observation shows its rate; privileged fields stay 0 without the
+    option."""
+    from commgym.env.spaces import OBSERVATION_FIELDS
+
+    idx = {f.name: i for i, f in enumerate(OBSERVATION_FIELDS)}
+    env = _forkable_env(probe_bytes=65536)
+    try:
+        env.reset(seed=2)
+        for _ in range(3):
+            obs, _, _, _, info = env.step(np.array([0, 0, 0]))
+            m = info["measured"]
+            assert m["probe_bytes"] == 65536 and m["probe_s"] > 0
+            assert m["train_time_s"] > m["probe_s"]  # counted in the decision's training time
+            # the field is log10 of the probe's all-reduce rate, Gbit/s (ring model bytes)
+            assert obs[idx["log10_probe_gbps"]] != 0.0
+            assert obs[idx["log10_link_gbps"]] == 0.0 and obs[idx["straggler_ms"]] == 0.0
+    finally:
+        env.close()
