@@ -127,7 +127,9 @@ class Condition(Generic[T]):
             if t < 0:
                 raise ValueError(f"{name} schedule time must be >= 0, got {t!r}")
             entries.append((float(t), parse_value(v)))
-        return cls("schedule", tuple(entries), float(shift_s), name)
+        if isinstance(shift_s, int | float) and not isinstance(shift_s, bool):
+            shift_s = float(shift_s)  # anything else is refused, not converted, below
+        return cls("schedule", tuple(entries), shift_s, name)
 
     @property
     def values(self) -> list[T]:
