@@ -6,7 +6,7 @@ zip file (``save(path)``, ``load_agent(path, env)``)::
 
     import gymnasium, commgym.env
     from commgym.agents import make_agent
-    env = gymnasium.make("commgym/AllReduce-v0", workload="mlp-digits", world_size=2)
+    env = gymnasium.make("commgym/AllReduce-v1", workload="mlp-digits", world_size=2)
     agent = make_agent("bayesopt", env, seed=0).learn(60)
     action, _ = agent.predict(obs)
     episode = rollout(env, agent, seed=1000, target_loss=0.2)  # the one episode loop
@@ -36,8 +36,10 @@ from commgym.agents.baselines import (
 )
 from commgym.agents.bayesopt import BayesOptAgent
 from commgym.agents.oracle import OracleEntry, OracleStaticAgent
+from commgym.agents.oracle_adaptive import OracleAdaptiveAgent, ScheduleAgent
 from commgym.agents.registry import AGENTS, agent_names, load_agent, make_agent
 from commgym.agents.rollout import Episode, EpisodeStep, rollout
+from commgym.agents.rollout_table import RolloutTableAgent
 from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent, SB3Agent
 
 __all__ = [
@@ -54,7 +56,10 @@ __all__ = [
     "EpisodeStep",
     "GridAgent",
     "OracleEntry",
+    "OracleAdaptiveAgent",
     "OracleStaticAgent",
+    "RolloutTableAgent",
+    "ScheduleAgent",
     "PPOAgent",
     "RandomAgent",
     "SB3Agent",

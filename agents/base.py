@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 #: The environment id recorded in policy files.
-ENV_ID = "commgym/AllReduce-v0"
+ENV_ID = "commgym/AllReduce-v1"
 #: Name of the JSON member inside every policy zip.
 POLICY_JSON = "commgym_agent.json"
 #: Version of the JSON schema (bumped when its keys change meaning).
@@ -111,7 +111,7 @@ def menu_of(env: gym.Env) -> ActionMenu:
     if not isinstance(menu, ActionMenu):
         raise TypeError(
             f"{type(env.unwrapped).__name__} has no ActionMenu at env.unwrapped.menu; "
-            "commgym agents need a commgym environment (e.g. commgym/AllReduce-v0)"
+            "commgym agents need a commgym environment (e.g. commgym/AllReduce-v1)"
         )
     space = env.action_space
     if not isinstance(space, spaces.MultiDiscrete) or not np.array_equal(space.nvec, menu.nvec):
@@ -132,15 +132,18 @@ def layout_of(env: gym.Env) -> dict[str, Any]:
 
 
 def training_facts(env: gym.Env) -> dict[str, Any] | None:
-    """Model size, decision interval and training-time budget of the job ``env`` runs.
+    """What a policy learned on: the job ``env`` runs and its observation options.
 
-    Stored in policy files so replay can warn when a policy meets another job. ``None``
-    when ``env`` runs no job (e.g. a :class:`LayoutEnv`).
+    Model size, decision interval, training-time budget, probe size and whether the
+    privileged fields were shown. Stored in policy files (``trained_on``) so replay can
+    warn when a policy meets another job and runs the probe all-reduce the policy was
+    trained with.
 
     Returns:
         ``{"num_params": int | None, "steps_per_decision": int | None, "time_budget_s":
-        float | None}`` (the budget the observation's ``elapsed_frac`` was measured
-        against, seconds of training), or ``None``.
+        float | None, "probe_bytes": int, "privileged_obs": bool}`` (the budget is the one
+        the observation's ``elapsed_frac`` was measured against, seconds of training), or
+        ``None`` when ``env`` runs no job (e.g. a :class:`LayoutEnv`).
     """
     base = getattr(env, "unwrapped", env)
     cfg = getattr(base, "config", None)
@@ -149,10 +152,13 @@ def training_facts(env: gym.Env) -> dict[str, Any] | None:
     budget = getattr(cfg, "time_budget_s", None)
     if not isinstance(steps, int) and not isinstance(n, int):
         return None
+    probe = getattr(cfg, "probe_bytes", 0)
     return {
         "num_params": n if isinstance(n, int) else None,
         "steps_per_decision": steps if isinstance(steps, int) else None,
         "time_budget_s": float(budget) if isinstance(budget, int | float) else None,
+        "probe_bytes": probe if isinstance(probe, int) else 0,
+        "privileged_obs": getattr(cfg, "privileged_obs", False) is True,
     }
 
 
@@ -314,6 +320,14 @@ class Agent(ABC):
     #: evaluation seeds); reported as an upper bound, not as a method, with its search
     #: cost apart.
     oracle: ClassVar[bool] = False
+    #: Learns a policy before evaluation (reinforcement learning, rollout tables):
+    #: tables report it as the learned agent, with its training cost.
+    learned: ClassVar[bool] = False
+    #: Learns by forking real episodes (``AllReduceEnv.snapshot``): never on the surrogate.
+    needs_real_env: ClassVar[bool] = False
+    #: Answers ``predict`` from an observation. False for bounds found per evaluation seed
+    #: (``oracle-adaptive``): nothing to steer a job with, so ``CommScheduler`` refuses it.
+    acts: ClassVar[bool] = True
 
     def __init__(self, env: gym.Env, *, seed: int | None = None, **hyperparams: Any) -> None:
         self.env = env

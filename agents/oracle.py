@@ -17,7 +17,7 @@ from commgym.agents.baselines import StaticAgent
 from commgym.agents.rollout import Episode, finite_or_none, nan_if_none, rollout
 from commgym.collectives import CommConfig
 
-__all__ = ["DEFAULT_SEEDS", "OracleEntry", "OracleStaticAgent"]
+__all__ = ["DEFAULT_SEEDS", "OracleEntry", "OracleStaticAgent", "check_seeds"]
 
 #: Evaluation seeds searched when none are given.
 DEFAULT_SEEDS: tuple[int, ...] = (1000, 1001, 1002)
@@ -113,6 +113,23 @@ class OracleEntry:
         )
 
 
+def check_seeds(seeds: Sequence[int]) -> list[int]:
+    """Validate an oracle's evaluation seeds: a non-empty list of distinct ints.
+
+    Raises:
+        ValueError: anything else (the message shows the value).
+    """
+    if isinstance(seeds, str | bytes) or not isinstance(seeds, Sequence) or not seeds:
+        raise ValueError(f"seeds must be a non-empty list of ints, got {seeds!r}")
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, int | np.integer):
+            raise ValueError(f"seeds must be ints, got {s!r} in {list(seeds)!r}")
+    out = [int(s) for s in seeds]
+    if len(set(out)) != len(out):
+        raise ValueError(f"seeds must be distinct, got {out}")
+    return out
+
+
 class _Stop(Exception):
     """The search budget or the callback ended the search."""
 
@@ -167,14 +184,7 @@ class OracleStaticAgent(StepAgent):
         seeds: Sequence[int] = DEFAULT_SEEDS,
         entries: Sequence[str] | None = None,
     ) -> None:
-        if isinstance(seeds, str | bytes) or not isinstance(seeds, Sequence) or not seeds:
-            raise ValueError(f"seeds must be a non-empty list of ints, got {seeds!r}")
-        for s in seeds:
-            if isinstance(s, bool) or not isinstance(s, int | np.integer):
-                raise ValueError(f"seeds must be ints, got {s!r} in {list(seeds)!r}")
-        seeds = [int(s) for s in seeds]
-        if len(set(seeds)) != len(seeds):
-            raise ValueError(f"seeds must be distinct, got {seeds}")
+        seeds = check_seeds(seeds)
         if entries is not None:
             if isinstance(entries, str) or not isinstance(entries, Sequence) or not entries:
                 raise ValueError(

@@ -21,6 +21,8 @@ from commgym.agents.baselines import (
 )
 from commgym.agents.bayesopt import BayesOptAgent
 from commgym.agents.oracle import OracleStaticAgent
+from commgym.agents.oracle_adaptive import OracleAdaptiveAgent
+from commgym.agents.rollout_table import RolloutTableAgent
 from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent
 
 __all__ = ["AGENTS", "agent_names", "load_agent", "make_agent"]
@@ -35,6 +37,8 @@ AGENTS: dict[str, type[Agent]] = {
         BayesOptAgent,
         AutotuneAgent,
         OracleStaticAgent,
+        OracleAdaptiveAgent,
+        RolloutTableAgent,
         SlidingWindowUCBAgent,
         AccordionAgent,
         AdaCommAgent,
@@ -47,7 +51,13 @@ AGENTS: dict[str, type[Agent]] = {
 
 def agent_names() -> list[str]:
     """Every name ``make_agent`` accepts without a menu lookup (static presets included)."""
-    return [*AGENTS, *(f"static:{p}" for p in STATIC_PRESETS)]
+    from commgym.agents.autotune import OBJECTIVES
+
+    return [
+        *AGENTS,
+        *(f"static:{p}" for p in STATIC_PRESETS),
+        *(f"autotune:{o}" for o in sorted(OBJECTIVES)),
+    ]
 
 
 def make_agent(name: str, env: gym.Env, **kwargs: Any) -> Agent:
@@ -55,7 +65,9 @@ def make_agent(name: str, env: gym.Env, **kwargs: Any) -> Agent:
 
     Args:
         name: a key of :data:`AGENTS`, or ``static:<preset>`` where ``<preset>`` is
-            ``ddp-default``, ``fp16-dense`` or a menu entry like ``int8/4MB/H1``.
+            ``ddp-default``, ``fp16-dense`` or a menu entry like ``int8/4MB/H1``, or
+            ``autotune:<objective>`` (``progress`` or ``throughput``: the objective wins
+            over an ``objective`` keyword).
         env: the commgym env the agent acts in.
         **kwargs: ``seed`` and the agent's hyperparameters.
 
@@ -73,6 +85,8 @@ def make_agent(name: str, env: gym.Env, **kwargs: Any) -> Agent:
         if "preset" in kwargs:
             raise ValueError(f"give the preset once: {name!r} and preset={kwargs['preset']!r}")
         return StaticAgent(env, preset=preset, **kwargs)
+    if base == "autotune" and sep:  # autotune:<objective>, e.g. autotune:progress
+        return AutotuneAgent(env, **{**kwargs, "objective": preset})
     if name not in AGENTS:
         known = agent_names()
         close = difflib.get_close_matches(name, known, n=1)

@@ -71,6 +71,8 @@ class EpisodeStep:
         reward: the env's reward.
         network: the link spec in force (``info["network"]``; ``None`` unshaped).
         measured: what the decision measured.
+        condition: the conditions the decision ran under (``info["condition"]``: link and
+            straggler jitter, e.g. ``"20mbit, stragglers off"``; ``None`` if not given).
     """
 
     decision: int
@@ -80,6 +82,7 @@ class EpisodeStep:
     reward: float
     network: str | None
     measured: DecisionMeasurement
+    condition: str | None = None
 
     def row(self) -> dict[str, Any]:
         """The plain row tables and figures read (``commgym.experiments.plots``).
@@ -87,7 +90,7 @@ class EpisodeStep:
         Keys: ``decision``, ``train_time_s``, ``config``, ``eval_loss``,
         ``bytes_per_step``, ``bytes_total``, ``comm_s``, ``comm_wait_s``,
         ``bandwidth_gbps`` (effective, :func:`~commgym.env.measure.effective_bandwidth_gbps`),
-        ``link_rate_gbps`` (configured; NaN unshaped) and ``reward``.
+        ``link_rate_gbps`` (configured; NaN unshaped), ``condition`` and ``reward``.
         """
         m = self.measured
         return {
@@ -101,6 +104,7 @@ class EpisodeStep:
             "comm_wait_s": float(m.comm_wait_s),
             "bandwidth_gbps": effective_bandwidth_gbps(m.bytes_total, m.comm_s),
             "link_rate_gbps": link_rate_gbps(self.network, unshaped=math.nan),
+            "condition": self.condition,
             "reward": self.reward,
         }
 
@@ -251,6 +255,7 @@ def rollout(
                 reward=float(reward),
                 network=info.get("network"),
                 measured=measured,
+                condition=info.get("condition"),
             )
             steps.append(step)
         keep = True

@@ -137,6 +137,8 @@ class SB3Agent(Agent):
         TypeError: unknown SB3 keyword arguments (from SB3).
     """
 
+    learned = True
+
     algo: ClassVar[type[BaseAlgorithm]]
     #: Defaults for the slow real env (overridable by keyword).
     defaults: ClassVar[dict[str, Any]] = {}
@@ -274,7 +276,7 @@ class SB3Agent(Agent):
     ) -> int:
         """Continue learning on another env (real ranks) for whole episodes.
 
-        The sim-to-real recipe: a policy learned on ``commgym/Surrogate-v0`` is refined
+        The sim-to-real recipe: a policy learned on ``commgym/Surrogate-v1`` is refined
         on a few real episodes. On-policy algorithms (PPO, A2C) collect ``rollout_steps``
         decisions per update here instead of their training ``n_steps`` (a few hundred on
         the surrogate would leave no update in ten real episodes); the last partial

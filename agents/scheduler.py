@@ -1,6 +1,6 @@
 """Replay a communication policy inside a user's own data-parallel training job.
 
-A policy trained on ``commgym/AllReduce-v0`` (or any agent of :data:`AGENTS`) steers the
+A policy trained on ``commgym/AllReduce-v1`` (or any agent of :data:`AGENTS`) steers the
 gradient compression, bucket size and local-SGD period of a real ``torchrun`` job::
 
     import torch.distributed as dist
@@ -88,6 +88,7 @@ from commgym.env.measure import (
     RankMeasurement,
     combine_eval,
 )
+from commgym.env.rank_bench import LinkProbe
 from commgym.env.spaces import ActionMenu, ObservationBuilder
 
 __all__ = [
@@ -145,6 +146,7 @@ def resolve_policy(
     env = LayoutEnv(menu)
     if isinstance(policy, Agent):
         check_compatible(policy.layout, env)
+        _check_acts(policy)
         return policy
     if not isinstance(policy, str | os.PathLike):
         raise TypeError(
@@ -159,8 +161,19 @@ def resolve_policy(
             raise ValueError(f"policy file {path} cannot steer this job: {err}") from None
         agent = load_agent(path)
         agent.trained_on = meta.get("trained_on") or agent.trained_on
-        return agent
-    return make_agent(str(policy), env, seed=seed)
+        return _check_acts(agent)
+    return _check_acts(make_agent(str(policy), env, seed=seed))
+
+
+def _check_acts(agent: Agent) -> Agent:
+    if not agent.acts:
+        raise ValueError(
+            f"{agent.name or type(agent).__name__} is a bound found per evaluation seed in "
+            "hindsight and cannot steer a job; replay one seed's schedule with "
+            "agent.for_seed(seed), or pass a policy (a trained agent, a policy file, a "
+            "static preset)"
+        )
+    return agent
 
 
 def policy_time_budget(policy: str | os.PathLike[str]) -> float | None:
@@ -332,11 +345,15 @@ class CommScheduler:
         seed: seed of the synchronizer's cross-rank randomness and of a named agent.
         deterministic: passed to ``policy.predict``.
         timeout_s: collective timeout of the synchronizer, seconds (default: its own).
+        probe_bytes: size of the probe all-reduce timed at every decision's end, B (the
+            env's ``probe_bytes``; its time counts as training time). None: what the
+            policy was trained with (its file's ``trained_on``; 0, no probe, if unknown).
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
-        ValueError: invalid ``decision_every`` / ``time_budget_s`` / ``initial_config``,
-            or a policy saved for another action menu or observation layout.
+        ValueError: invalid ``decision_every`` / ``time_budget_s`` / ``initial_config`` /
+            ``probe_bytes``, or a policy saved for another action menu or observation
+            layout.
     """
 
     def __init__(
@@ -356,6 +373,7 @@ class CommScheduler:
         seed: int = 0,
         deterministic: bool = True,
         timeout_s: float | None = None,
+        probe_bytes: int | None = None,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
@@ -408,7 +426,11 @@ class CommScheduler:
         self.policy: Agent | None = None
         self._policy_name = str(policy) if not isinstance(policy, Agent) else repr(policy)
         num_params = sum(p.numel() for p in params if p.requires_grad)
-        err, start, mismatch, no_state = "", None, [], ""
+        if probe_bytes is not None and (
+            isinstance(probe_bytes, bool) or not isinstance(probe_bytes, int) or probe_bytes < 0
+        ):
+            raise ValueError(f"probe_bytes must be an int >= 0 (0: no probe), got {probe_bytes!r}")
+        err, start, mismatch, no_state, probe = "", None, [], "", probe_bytes or 0
         if self.rank == 0:
             try:
                 self.policy = resolve_policy(policy, self.menu, seed=seed)
@@ -423,12 +445,23 @@ class CommScheduler:
                     decision_every=decision_every,
                     time_budget_s=self.time_budget_s,
                 )
+                trained = getattr(self.policy, "trained_on", None) or {}
+                if probe_bytes is None:
+                    probe = int(trained.get("probe_bytes") or 0)
+                if trained.get("privileged_obs"):
+                    mismatch.append(
+                        "it was trained with the privileged condition fields "
+                        "(log10_link_gbps, straggler_ms), which read 0 in a job"
+                    )
                 try:  # known on every rank, so state_dict() refuses on every rank
                     self.policy.get_state()
                 except NotImplementedError as exc:
                     no_state = str(exc)
-        box = [err, start, no_state]
+        box = [err, start, no_state, probe]
         dist.broadcast_object_list(box, src=self._src, group=group, device=self._device)
+        #: size of the probe all-reduce at every decision's end, B (0: none)
+        self.probe_bytes: int = int(box[3])
+        self._link_probe = LinkProbe(self._device, group)
         if box[0]:
             raise ValueError(f"CommScheduler cannot use policy {self._policy_name!r}: {box[0]}")
         if box[1] is not None:  # a static preset is in force from the first step
@@ -766,7 +799,7 @@ class CommScheduler:
         return value, time.perf_counter() - t0, 1
 
     def _measure(
-        self, consensus_s: float, consensus_comm_s: float, consensus_bytes: int
+        self, consensus_s: float, consensus_comm_s: float, consensus_bytes: int, probe_s: float
     ) -> RankMeasurement:
         """This rank's record of the window (the env worker's, with the replay's eval)."""
         rec = self._recorder
@@ -776,7 +809,7 @@ class CommScheduler:
         else:
             eval_loss, eval_s, eval_n = train_loss, 0.0, 1
         return rec.finish(
-            overhead_s=consensus_s + self._pending_s,
+            overhead_s=consensus_s + self._pending_s + probe_s,
             consensus_comm_s=consensus_comm_s,
             consensus_bytes=consensus_bytes,
             eval_loss=eval_loss,
@@ -786,6 +819,8 @@ class CommScheduler:
             samples=0,
             train_loss=train_loss,
             check_eval=self.eval_fn is not None,
+            probe_s=probe_s,
+            probe_bytes=self.probe_bytes,
         )
 
     def _exchange(self, local: RankMeasurement | dict[str, Any]) -> list[RankMeasurement]:
@@ -819,30 +854,43 @@ class CommScheduler:
         t0 = time.perf_counter()
         cons = self.sync.consensus()  # one consensus model per decision, as in the env
         consensus_s = time.perf_counter() - t0
-        local = self._measure(consensus_s, cons.comm_s, cons.bytes_sent)
+        probe_s = self._link_probe(self.probe_bytes)  # after the last collective, as the env
+        local = self._measure(consensus_s, cons.comm_s, cons.bytes_sent, probe_s)
         m, obs = self._observe(self._exchange(local))
         self.observation = obs
         prev_action = self._action
         prev_config = str(self.config)
         msg = torch.full((4,), -1.0, dtype=torch.float64)
+        failure: BaseException | None = None
         if self.rank == 0:
             assert self.policy is not None
             p0 = time.perf_counter()
-            action, self._state = self.policy.predict(
-                obs,
-                state=self._state,
-                episode_start=np.array([self._episode_start]),
-                deterministic=self.deterministic,
-            )
-            policy_s = time.perf_counter() - p0
-            a = np.asarray(action, dtype=np.int64).reshape(-1)
-            if a.shape == (3,) and (a >= 0).all() and (a < self.menu.nvec).all():
-                msg[:3] = torch.from_numpy(a.astype(np.float64))
-            msg[3] = policy_s
+            try:
+                action, self._state = self.policy.predict(
+                    obs,
+                    state=self._state,
+                    episode_start=np.array([self._episode_start]),
+                    deterministic=self.deterministic,
+                )
+            except Exception as exc:  # the other ranks must raise too, not wait for it
+                failure = exc
+                msg[0] = -2.0
+            else:
+                a = np.asarray(action, dtype=np.int64).reshape(-1)
+                if a.shape == (3,) and (a >= 0).all() and (a < self.menu.nvec).all():
+                    msg[:3] = torch.from_numpy(a.astype(np.float64))
+            msg[3] = time.perf_counter() - p0
         self._episode_start = False
         msg = msg.to(self._device)
         dist.broadcast(msg, src=self._src, group=self.group)
         vals = msg.cpu().tolist()
+        if vals[0] == -2.0:
+            if failure is not None:
+                raise failure
+            raise RuntimeError(
+                f"policy {self._policy_name!r} raised in predict on rank 0 (its error is "
+                "rank 0's); every rank stops at this decision"
+            )
         if vals[0] < 0:
             raise RuntimeError(
                 f"policy {self._policy_name!r} answered an action outside the menu "

@@ -936,14 +936,21 @@ class GradientSynchronizer:
         return AveragingStats(averaged, nbytes, secs, self._opt_steps)
 
     @torch.no_grad()
-    def consensus(self) -> AveragingStats:
+    def consensus(self, optimizer_state: bool = True) -> AveragingStats:
         """Make the replicas identical now if local-SGD steps left them apart.
 
         Averages parameters when there are un-averaged local steps and, with
-        :attr:`optimizer` set, the optimizer's per-parameter state when any local step
-        happened since it was last averaged. A collective in those cases (every rank
-        must call it at the same point); a no-op otherwise (``sync_period == 1`` keeps
-        replicas equal).
+        :attr:`optimizer` set and ``optimizer_state``, the optimizer's per-parameter state
+        when any local step happened since it was last averaged. A collective in those
+        cases (every rank must call it at the same point); a no-op otherwise
+        (``sync_period == 1`` keeps replicas equal).
+
+        Args:
+            optimizer_state: also average the optimizer state. ``False`` leaves it
+                rank-local, as local SGD does between averages (Qsparse-local-SGD keeps
+                momentum local); a later switch to ``sync_period = 1`` still averages it
+                first (:meth:`reconfigure`), so replicas never drift. Use ``False`` for a
+                consensus *model* inside a local-SGD run (evaluation at a boundary).
 
         Returns:
             :class:`AveragingStats` (``averaged`` False when nothing had to be done;
@@ -953,7 +960,7 @@ class GradientSynchronizer:
         if self.config.sync_period > 1 and self._averager.steps_since_average > 0:
             nbytes, secs = self._averager.average()
             averaged = True
-        if self.optimizer is not None and self._local_steps > 0:
+        if optimizer_state and self.optimizer is not None and self._local_steps > 0:
             b, t = self._average_optimizer_state()
             nbytes, secs, averaged = nbytes + b, secs + t, True
         return AveragingStats(averaged, nbytes, secs, self._opt_steps)

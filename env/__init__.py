@@ -1,12 +1,12 @@
 """commgym.env: a gymnasium environment over real torchrun-launched all-reduce training.
 
-Importing this package registers ``commgym/AllReduce-v0``::
+Importing this package registers ``commgym/AllReduce-v1``::
 
     import gymnasium, commgym.env
-    env = gymnasium.make("commgym/AllReduce-v0", workload="mlp-digits", world_size=2)
+    env = gymnasium.make("commgym/AllReduce-v1", workload="mlp-digits", world_size=2)
 
 In a fresh process that has not imported ``commgym.env`` (e.g. SB3's ``SubprocVecEnv``
-workers) use ``"commgym.env:commgym/AllReduce-v0"``: gymnasium imports the module first.
+workers) use ``"commgym.env:commgym/AllReduce-v1"``: gymnasium imports the module first.
 
 This package never imports stable-baselines3 or MLflow.
 """
@@ -40,14 +40,14 @@ __all__ = [
     "RewardContext",
 ]
 
-if "commgym/AllReduce-v0" not in gymnasium.registry:
+if "commgym/AllReduce-v1" not in gymnasium.registry:
     gymnasium.register(
-        id="commgym/AllReduce-v0",
+        id="commgym/AllReduce-v1",
         entry_point="commgym.env.allreduce_env:AllReduceEnv",
         # observations hold measured wall times: identical seeds and actions give
         # identical losses, not identical timings
         nondeterministic=True,
     )
-if "commgym/Surrogate-v0" not in gymnasium.registry:
-    # learned model of AllReduce-v0 (same spaces and rewards), see commgym.env.surrogate
-    gymnasium.register(id="commgym/Surrogate-v0", entry_point="commgym.env.surrogate:SurrogateEnv")
+if "commgym/Surrogate-v1" not in gymnasium.registry:
+    # learned model of AllReduce-v1 (same spaces and rewards), see commgym.env.surrogate
+    gymnasium.register(id="commgym/Surrogate-v1", entry_point="commgym.env.surrogate:SurrogateEnv")

@@ -1,4 +1,4 @@
-"""``commgym/AllReduce-v0``: a gymnasium environment over real all-reduce training runs."""
+"""``commgym/AllReduce-v1``: a gymnasium environment over real all-reduce training runs."""
 
 from __future__ import annotations
 
@@ -59,6 +59,19 @@ class EnvConfig:
         threads_per_rank: torch threads per rank.
         workload_modules: modules each rank imports (custom workload registration).
         max_decisions: optional hard cap on decisions per episode (truncation).
+        shards: how the training set is split over ranks: ``"iid"`` or
+            ``"label-skew[:f]"`` (non-IID, see :mod:`commgym.env.workloads.shards`).
+        stragglers: straggler jitter (:mod:`commgym.env.stragglers`): ``None``/``"off"``,
+            a spec (``"40ms"``, ``"40ms:p=0.5"``), a schedule ``[[elapsed_training_s,
+            spec], ...]`` (``{"schedule": [...], "shift_s": s}``) or ``{"profiles":
+            [...]}``, in the same forms as ``network`` (:mod:`commgym.env.schedule`).
+        probe_bytes: size of a probe all-reduce every rank runs at the end of each decision
+            (B; 0: none). Its time, counted as training time, gives the observation's
+            ``log10_probe_gbps``: the link as measured independently of the configuration
+            the decision ran.
+        privileged_obs: reveal the configured conditions in the observation
+            (``log10_link_gbps``, ``straggler_ms``): an ablation that tells an observability
+            problem from a learning one, not something a real job knows.
         network_plan: ``network`` parsed once (:class:`~commgym.env.net.NetworkPlan`; set
             by ``__post_init__``): what the env, the surrogate and the tables read.
 
@@ -84,6 +97,10 @@ class EnvConfig:
     threads_per_rank: int = 1
     workload_modules: tuple[str, ...] = ()
     max_decisions: int | None = None
+    shards: str = "iid"
+    stragglers: str | list[Any] | dict[str, Any] | None = None
+    probe_bytes: int = 0
+    privileged_obs: bool = False
     menu: ActionMenu = field(init=False, repr=False)
     network_plan: NetworkPlan = field(init=False, repr=False, default_factory=NetworkPlan)
 
@@ -98,6 +115,16 @@ class EnvConfig:
         for name in ("batch_size", "max_decisions"):
             if getattr(self, name) is not None:
                 positive_int(name)
+        if (
+            isinstance(self.probe_bytes, bool)
+            or not isinstance(self.probe_bytes, int)
+            or not (0 <= self.probe_bytes <= 2**30)
+        ):
+            raise ValueError(
+                f"probe_bytes must be an integer in [0, 2**30], got {self.probe_bytes!r}"
+            )
+        if not isinstance(self.privileged_obs, bool):
+            raise ValueError(f"privileged_obs must be True or False, got {self.privileged_obs!r}")
         for name in ("time_budget_s", "timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
@@ -121,6 +148,14 @@ class EnvConfig:
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("backend 'nccl' needs device='cuda'")
         self.network_plan = NetworkPlan.parse(self.network)
+        from commgym.env.schedule import Condition
+        from commgym.env.stragglers import StragglerSpec
+        from commgym.env.workloads.shards import parse_shards
+
+        parse_shards(self.shards)
+        self.straggler_condition = Condition.parse(
+            self.stragglers, StragglerSpec.parse, "stragglers"
+        )
         from commgym.env.workloads import WORKLOADS, get_workload
 
         if (
@@ -162,30 +197,33 @@ class AllReduceEnv(gym.Env):
     :class:`FlattenAction` for a ``Discrete`` space (row-major, bijective). The decoded
     configuration is echoed in ``info["config"]``.
 
-    **Observation** — ``Box(float32)`` of 17 values; NaN/inf never appear (they become 0
+    **Observation** — ``Box(float32)`` of 20 values; NaN/inf never appear (they become 0
     and values are clipped to the bounds; raw values are in ``info["measured"]``):
 
-    ===  =======================  =========  ============  ===============================
-    idx  name                     unit       range         meaning
-    ===  =======================  =========  ============  ===============================
-    0    step_time_s              s          [0, 1e3]      median iteration time, slowest rank
-    1    comm_wait_frac           1          [0, 1]        comm wait / iteration time
-    2    compress_s               s          [0, 1e3]      compress+decompress per iteration
-    3    log10_bytes_per_step     log10 B    [0, 15]       log10(1 + bytes sent / iteration)
-    4    bandwidth_gbps           Gbit/s     [0, 1e4]      effective: bytes * 8 / comm wait
-    5    train_loss               nats       [0, 1e4]      mean training loss, all ranks
-    6    eval_loss                nats       [0, 1e4]      held-out loss, consensus model
-    7    loss_change              log ratio  [-20, 20]     log(L_prev) - log(L)
-    8    log10_grad_norm          log10      [-20, 20]     aggregated gradient norm
-    9    grad_norm_rel_change     1          [-10, 10]     (g - g_prev) / g_prev
-    10   compression_error        1          [0, 10]       ||g - g_hat|| / ||g|| (last iter)
-    11   compression_index        1          [0, 1]        index / (n - 1)
-    12   bucket_index             1          [0, 1]        index / (n - 1)
-    13   period_index             1          [0, 1]        index / (n - 1)
-    14   elapsed_frac             1          [0, 1]        training time used / budget
-    15   world_size               ranks      [1, 1e5]      number of ranks
-    16   log10_num_params         log10      [0, 15]       model size
-    ===  =======================  =========  ============  ===============================
+    ===  =======================  ============  ============  =====================================
+    idx  name                     unit          range         meaning
+    ===  =======================  ============  ============  =====================================
+    0    step_time_s              s             [0, 1e3]      median iteration time, slowest rank
+    1    comm_wait_frac           1             [0, 1]        comm wait / iteration time
+    2    compress_s               s             [0, 1e3]      compress+decompress per iteration
+    3    log10_bytes_per_step     log10 B       [0, 15]       log10(1 + bytes sent / iteration)
+    4    bandwidth_gbps           Gbit/s        [0, 1e4]      effective: bytes * 8 / comm wait
+    5    train_loss               nats          [0, 1e4]      mean training loss, all ranks
+    6    eval_loss                nats          [0, 1e4]      held-out loss, consensus model
+    7    loss_change              log ratio     [-20, 20]     log(L_prev) - log(L)
+    8    log10_grad_norm          log10         [-20, 20]     aggregated gradient norm
+    9    grad_norm_rel_change     1             [-10, 10]     (g - g_prev) / g_prev
+    10   compression_error        1             [0, 10]       ||g - g_hat|| / ||g|| (last iter)
+    11   compression_index        1             [0, 1]        index / (n - 1)
+    12   bucket_index             1             [0, 1]        index / (n - 1)
+    13   period_index             1             [0, 1]        index / (n - 1)
+    14   elapsed_frac             1             [0, 1]        training time used / budget
+    15   world_size               ranks         [1, 1e5]      number of ranks
+    16   log10_num_params         log10         [0, 15]       model size
+    17   log10_probe_gbps         log10 Gbit/s  [-4, 4]       probe all-reduce bus bandwidth
+    18   log10_link_gbps          log10 Gbit/s  [-4, 4]       configured link (privileged)
+    19   straggler_ms             ms            [0, 6e4]      straggler delay x prob (privileged)
+    ===  =======================  ============  ============  =====================================
 
     ``bandwidth_gbps`` is the *effective* bandwidth the training step experienced
     (``effective_bandwidth_gbps``: bytes handed to collectives * 8 / seconds blocked on
@@ -195,7 +233,14 @@ class AllReduceEnv(gym.Env):
     machine; it is never below the decision's average throughput
     ``bytes_total * 8 / train_time_s``. The configured link is ``info["network"]``.
 
-    The reset observation holds no timings (indices 0-4 and 7-10 are 0), so
+    ``log10_probe_gbps`` is measured independently of the configuration just played: with
+    ``probe_bytes > 0`` every rank all-reduces a buffer of that size at the end of each
+    decision (its time counts as training time) and the field is the bus bandwidth
+    ``bytes * 2(W-1)/W * 8 / t`` of the fastest rank's time (0 without a probe). Indices
+    18-19 reveal the configured conditions only with ``privileged_obs=True`` (an ablation;
+    an unshaped link counts as 100 Gbit/s), else they are 0.
+
+    The reset observation holds no timings (indices 0-4, 7-10 and 17-19 are 0), so
     ``reset(seed=s)`` twice gives identical observations. Step observations contain
     measured wall times, so the env is registered ``nondeterministic=True``; with
     deterministic compressors the losses of a seed and action sequence are reproducible.
@@ -223,7 +268,13 @@ class AllReduceEnv(gym.Env):
     Ranks persist across episodes: ``reset()`` rebuilds model, optimizer and data order
     from the episode seed without restarting processes (``info["reset_s"]``).
 
-    **Version history** — v0: first release.
+    **Version history** — v0: first release. v1: the observation gains the probe and the
+    privileged condition fields (17-19); at a decision boundary under local SGD only the
+    parameters are averaged (the consensus model the held-out loss is measured on), the
+    optimizer state stays rank-local until a switch to ``sync_period = 1`` averages it, as
+    local SGD does (v0 averaged it uncompressed at every boundary, which cost more than the
+    compressed average it followed); new options ``shards``, ``stragglers``,
+    ``probe_bytes``, ``privileged_obs``; forking (:meth:`snapshot`/:meth:`restore`).
 
     Args:
         config: an :class:`EnvConfig`; or pass its fields as keyword arguments.
@@ -278,6 +329,7 @@ class AllReduceEnv(gym.Env):
         self._last_obs: np.ndarray | None = None
         self._schedule: Any = None  # this episode's network schedule (shifted per seed)
         self._needs_reset = True
+        self._env_snapshots: dict[str, dict[str, Any]] = {}
         self.last_reset_s = float("nan")
         self.launches = 0
 
@@ -350,6 +402,8 @@ class AllReduceEnv(gym.Env):
         self._train_time_s = 0.0
         self._decisions = 0
         self._episode_seed = episode_seed
+        self._stragglers = cfg.straggler_condition.for_episode(episode_seed)
+        self._env_snapshots.clear()  # the ranks dropped theirs at reset
         self._needs_reset = False
         obs = self._obs.reset(self._eval_loss, self._action)
         self._last_obs = obs
@@ -379,10 +433,18 @@ class AllReduceEnv(gym.Env):
             self._set_network(self._schedule.spec_at(self._train_time_s))
         if self._net_spec is not None:
             info["network"] = str(self._net_spec)
+        straggler = self._stragglers.value_at(self._train_time_s)
+        info["condition"] = self.condition_at(self._train_time_s)
         t0 = time.perf_counter()
         try:
             replies = self._cluster.command(  # type: ignore[union-attr]
-                {"cmd": "step", "config": cfg_comm.to_dict(), "steps": cfg.steps_per_decision}
+                {
+                    "cmd": "step",
+                    "config": cfg_comm.to_dict(),
+                    "steps": cfg.steps_per_decision,
+                    "straggler": straggler.to_message(),
+                    "probe_bytes": cfg.probe_bytes,
+                }
             )
         except CommgymError as err:
             if self._cluster is not None:
@@ -399,7 +461,7 @@ class AllReduceEnv(gym.Env):
         self._train_time_s += measured.train_time_s
         elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)
         prev = self._eval_loss
-        obs = self._obs.build(measured, a, elapsed)
+        obs = self._obs.build(measured, a, elapsed, **self._revealed(straggler))
         self._action = a
         diverged = measured.nonfinite or not math.isfinite(measured.eval_loss)
         reward, terminated, truncated, reason = decision_outcome(
@@ -431,6 +493,97 @@ class AllReduceEnv(gym.Env):
             )
         )
         return obs, float(reward), terminated, truncated, info
+
+    def _revealed(self, straggler: Any) -> dict[str, float]:
+        """The privileged observation fields' values (empty unless ``privileged_obs``)."""
+        if not self.config.privileged_obs:
+            return {}
+        from commgym.env.spaces import UNSHAPED_GBPS
+
+        rate = UNSHAPED_GBPS if self._net_spec is None else self._net_spec.rate_bit_s / 1e9
+        return {"link_gbps": rate, "straggler_ms": straggler.delay_s * straggler.prob * 1e3}
+
+    # -- forking an episode ---------------------------------------------------------
+    def snapshot(self) -> str:
+        """Save the running episode's state (ranks and env) and return its key.
+
+        The ranks copy model, optimizer, synchronizer, data order and straggler draws in
+        memory; the env keeps its clock, counters and observation state. :meth:`restore`
+        of the key continues the episode from this point exactly as it would have gone
+        on (measured times aside). Snapshots live until :meth:`drop_snapshots` or the
+        next :meth:`reset`. Used by ``oracle-adaptive`` to try every menu entry from the
+        same state at each phase boundary.
+
+        Returns:
+            The snapshot's key.
+
+        Raises:
+            RuntimeError: no episode is running.
+        """
+        if self._needs_reset or self._cluster is None:
+            raise RuntimeError("snapshot() needs a running episode: call reset() first")
+        self._snapshot_count = getattr(self, "_snapshot_count", 0) + 1
+        key = f"s{self._snapshot_count}"
+        self._cluster.command({"cmd": "snapshot", "key": key})
+        self._env_snapshots[key] = {
+            "train_time_s": self._train_time_s,
+            "decisions": self._decisions,
+            "eval_loss": self._eval_loss,
+            "action": np.array(self._action, copy=True),
+            "last_obs": None if self._last_obs is None else self._last_obs.copy(),
+            "prev": (self._obs.prev_eval_loss, self._obs.prev_grad_norm),
+        }
+        return key
+
+    def restore(self, key: str) -> np.ndarray:
+        """Continue from the snapshot ``key`` (the episode runs on from that point).
+
+        Returns:
+            The observation at the snapshot.
+
+        Raises:
+            KeyError: unknown key (snapshots end with the episode).
+        """
+        env_state = self._env_snapshots[key]
+        if self._cluster is None:
+            raise RuntimeError("restore() after close()")
+        self._cluster.command({"cmd": "restore", "key": key})
+        self._train_time_s = env_state["train_time_s"]
+        self._decisions = env_state["decisions"]
+        self._eval_loss = env_state["eval_loss"]
+        self._action = env_state["action"].copy()
+        self._last_obs = None if env_state["last_obs"] is None else env_state["last_obs"].copy()
+        self._obs.prev_eval_loss, self._obs.prev_grad_norm = env_state["prev"]
+        self._needs_reset = False
+        return self._last_obs
+
+    def drop_snapshots(self) -> None:
+        """Free every snapshot (ranks and env)."""
+        if self._cluster is not None and self._cluster.alive:
+            self._cluster.command({"cmd": "drop", "keys": None})
+        self._env_snapshots.clear()
+
+    @property
+    def episode_phases(self) -> list[tuple[float, str]]:
+        """The running episode's condition phases: ``(start_training_s, label)`` pairs.
+
+        A new phase starts wherever the link (``network``) or the straggler jitter
+        (``stragglers``) switches; the label names both (``"20mbit, stragglers off"``).
+        """
+        times = {0.0}
+        if self._schedule is not None:
+            times |= {t for t, _ in self._schedule}
+        times |= set(self._stragglers.boundaries)
+        return [(t, self.condition_at(t)) for t in sorted(times)]
+
+    def condition_at(self, train_time_s: float) -> str:
+        """The conditions in force after ``train_time_s`` of the running episode, as a label.
+
+        ``"<link>, stragglers <spec>"``: the link spec (``loopback`` when unshaped) and
+        the straggler jitter (``off`` without). Decisions carry it in ``info["condition"]``.
+        """
+        net = "loopback" if self._schedule is None else str(self._schedule.spec_at(train_time_s))
+        return f"{net}, stragglers {self._stragglers.value_at(train_time_s)}"
 
     def close(self) -> None:  # noqa: D102
         if self._cluster is not None:

@@ -83,6 +83,11 @@ class LaunchConfig:
             the benchmark commands).
         batch_size: per-rank batch size (``None``: the workload's default).
         lr: learning rate (``None``: the workload's default).
+        shards: how the training set is split over ranks: ``"iid"`` (a seeded random
+            permutation dealt round-robin) or ``"label-skew"`` / ``"label-skew:<f>"``
+            (non-IID: samples sorted by label into ``world_size`` blocks; each sample goes
+            to its block's rank with probability ``f``, default 1, else to a uniformly
+            random rank), see :func:`commgym.env.workloads.shard_indices`.
 
     Raises:
         ValueError: bad ``backend``, ``timeout_s``, ``threads_per_rank``, ``batch_size``
@@ -96,8 +101,12 @@ class LaunchConfig:
     workload: str | None = None
     batch_size: int | None = None
     lr: float | None = None
+    shards: str = "iid"
 
     def __post_init__(self) -> None:
+        from commgym.env.workloads.shards import parse_shards
+
+        parse_shards(self.shards)  # raises with the valid forms
         if self.backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if isinstance(self.timeout_s, bool) or not (

@@ -64,6 +64,9 @@ class RankMeasurement:
         nonfinite: a gradient, loss or held-out loss was NaN/inf.
         samples: training samples this rank consumed.
         bucket_bytes: per-bucket bytes of the last iteration (identical on every rank).
+        probe_s: wall time of this rank's probe all-reduce at the decision's end (0 when
+            the decision ran none; part of ``train_time_s``).
+        probe_bytes: size of that probe buffer, B (0: no probe).
     """
 
     train_time_s: float
@@ -85,6 +88,8 @@ class RankMeasurement:
     nonfinite: bool
     samples: int
     bucket_bytes: list[int] = field(default_factory=list)
+    probe_s: float = 0.0
+    probe_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python copy (picklable, JSON-able)."""
@@ -118,7 +123,7 @@ class RankMeasurement:
 #: Field names of :class:`RankMeasurement`, in order.
 RANK_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RankMeasurement))
 _SCALARS = tuple(k for k in RANK_FIELDS if k != "bucket_bytes")
-_INTS = frozenset({"steps", "eval_n", "samples"})
+_INTS = frozenset({"steps", "eval_n", "samples", "probe_bytes"})
 
 
 class DecisionRecorder:
@@ -180,6 +185,8 @@ class DecisionRecorder:
         samples: int,
         train_loss: float | None = None,
         check_eval: bool = True,
+        probe_s: float = 0.0,
+        probe_bytes: int = 0,
     ) -> RankMeasurement:
         """The window's record.
 
@@ -196,6 +203,8 @@ class DecisionRecorder:
             train_loss: the window's training loss when already reduced
                 (default: :meth:`train_loss`).
             check_eval: a non-finite ``eval_loss`` marks the record ``nonfinite``.
+            probe_s: the decision's probe all-reduce time (already in ``overhead_s``).
+            probe_bytes: the probe's buffer size, B.
         """
         stats, walls = self.stats, self.walls
         steps = len(walls)
@@ -228,6 +237,8 @@ class DecisionRecorder:
             nonfinite=nonfinite,
             samples=samples,
             bucket_bytes=list(last.bucket_bytes) if last else [],
+            probe_s=probe_s,
+            probe_bytes=probe_bytes,
         )
 
 
@@ -289,7 +300,9 @@ class DecisionMeasurement:
     byte counts and gradient statistics (identical on every rank after synchronisation),
     held-out loss and accuracy weighted by each rank's evaluated samples. Units as in
     :class:`RankMeasurement`; ``iter_mean_s`` is the slowest rank's mean iteration time
-    (``train_time_s / steps``) and ``samples`` the sum over ranks.
+    (``train_time_s / steps``) and ``samples`` the sum over ranks. ``probe_s`` is the
+    *fastest* rank's probe time: the rank that arrived last waited for nobody, so its time
+    is the transfer's alone (no barrier needed, none paid).
     """
 
     train_time_s: float
@@ -311,6 +324,8 @@ class DecisionMeasurement:
     samples: int
     steps: int
     bucket_bytes: list[int] = field(default_factory=list)
+    probe_s: float = 0.0
+    probe_bytes: int = 0
 
     @classmethod
     def from_ranks(cls, per_rank: Sequence[RankMeasurement | Mapping[str, Any]]):
@@ -347,6 +362,8 @@ class DecisionMeasurement:
             samples=sum(int(r.samples) for r in ranks),
             steps=int(r0.steps),
             bucket_bytes=list(r0.bucket_bytes),
+            probe_s=min(float(r.probe_s) for r in ranks),
+            probe_bytes=int(r0.probe_bytes),
         )
 
     @classmethod

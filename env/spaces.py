@@ -27,8 +27,10 @@ __all__ = [
     "ActionMenu",
     "ObservationBuilder",
     "ObservationField",
+    "UNSHAPED_GBPS",
     "RewardContext",
     "decision_outcome",
+    "probe_gbps",
 ]
 
 
@@ -223,7 +225,50 @@ OBSERVATION_FIELDS: tuple[ObservationField, ...] = (
     ObservationField(
         "log10_num_params", "log10", 0.0, 15.0, "log10 of the model's parameter count"
     ),
+    ObservationField(
+        "log10_probe_gbps",
+        "log10 Gbit/s",
+        -4.0,
+        4.0,
+        "bus bandwidth of the fixed-size probe all-reduce at the decision's end "
+        "(probe_gbps; 0 when the env runs no probe)",
+    ),
+    ObservationField(
+        "log10_link_gbps",
+        "log10 Gbit/s",
+        -4.0,
+        4.0,
+        "configured link rate, privileged (0 unless privileged_obs; unshaped counts as "
+        "UNSHAPED_GBPS)",
+    ),
+    ObservationField(
+        "straggler_ms",
+        "ms",
+        0.0,
+        6e4,
+        "configured straggler delay x probability per iteration, privileged (0 unless "
+        "privileged_obs)",
+    ),
 )
+
+#: The rate an unshaped (loopback) link counts as in the privileged observation, Gbit/s.
+UNSHAPED_GBPS = 100.0
+
+
+def probe_gbps(probe_bytes: float, probe_s: float, world_size: int) -> float:
+    """Bus bandwidth of a probe all-reduce (nccl-tests' ``size / t * 2(W-1)/W``), Gbit/s.
+
+    Args:
+        probe_bytes: the probe buffer's size, B.
+        probe_s: its all-reduce's time, s (the fastest rank's).
+        world_size: ranks.
+
+    Returns:
+        Gbit/s; 0 when no probe ran (``probe_s`` or ``probe_bytes`` 0) or ``W = 1``.
+    """
+    if probe_s <= 0 or probe_bytes <= 0 or world_size < 2:
+        return 0.0
+    return probe_bytes * 2 * (world_size - 1) / world_size * 8 / probe_s / 1e9
 
 
 class ObservationBuilder:
@@ -282,6 +327,9 @@ class ObservationBuilder:
         m: DecisionMeasurement | Mapping[str, Any],
         action: np.ndarray,
         elapsed_frac: float,
+        *,
+        link_gbps: float | None = None,
+        straggler_ms: float | None = None,
     ) -> np.ndarray:
         """Observation after a decision.
 
@@ -289,6 +337,9 @@ class ObservationBuilder:
             m: the decision's :class:`DecisionMeasurement` (or its ``to_dict()``).
             action: the menu indices that were applied.
             elapsed_frac: training time used / budget.
+            link_gbps: the configured link rate for the privileged field (None: 0, not
+                revealed).
+            straggler_ms: the configured straggler delay x probability, privileged.
         """
         if isinstance(m, Mapping):
             m = _DictView(m)
@@ -323,10 +374,19 @@ class ObservationBuilder:
             "elapsed_frac": elapsed_frac,
             **self._action_part(action),
             **self._static(),
+            "log10_probe_gbps": _log10_or_0(
+                probe_gbps(float(m.probe_bytes), float(m.probe_s), self.world_size)
+            ),
+            "log10_link_gbps": 0.0 if link_gbps is None else _log10_or_0(link_gbps),
+            "straggler_ms": 0.0 if straggler_ms is None else straggler_ms,
         }
         self.prev_eval_loss = eval_loss if math.isfinite(eval_loss) else prev
         self.prev_grad_norm = g if math.isfinite(g) else self.prev_grad_norm
         return self._finish(values)
+
+
+def _log10_or_0(x: float) -> float:
+    return math.log10(x) if x > 0 and math.isfinite(x) else 0.0
 
 
 _FIELD_NAMES = tuple(f.name for f in OBSERVATION_FIELDS)
@@ -334,7 +394,7 @@ _ACTION_FIELDS = ("compression_index", "bucket_index", "period_index")
 
 
 class _DictView:
-    """Attribute access to a measurement mapping (``iter_mean_s`` and the error optional)."""
+    """Attribute access to a measurement mapping (optional keys get their defaults)."""
 
     def __init__(self, d: Mapping[str, Any]) -> None:
         self._d = d
@@ -345,6 +405,8 @@ class _DictView:
             return d.get("iter_mean_s", d["step_time_s"])
         if key == "compression_error":
             return d.get("compression_error")
+        if key in ("probe_s", "probe_bytes"):
+            return d.get(key, 0)
         return d[key]
 
 

@@ -21,6 +21,10 @@ Commands (dicts with ``"cmd"``), each answered by exactly one reply dict:
            the initial held-out loss/accuracy and the reset time.
 ``step``   apply ``config`` (a ``CommConfig`` dict) and run ``steps`` real training
            iterations; reply with the measured statistics (see :class:`RankRunner.step`).
+``snapshot`` keep a copy of everything ``step`` changes (model, optimizer, synchronizer,
+           data order, straggler draws) in memory under ``key``; ``restore`` puts it back,
+           ``drop`` frees it. Forking an episode from a snapshot continues exactly as the
+           original would have (the oracle-adaptive search branches at phase boundaries).
 ``allreduce_bench``  time plain fp32 all-reduces of given sizes (network benchmark).
 ``allgather_bench``  time fp32 all-gathers of given total sizes (surrogate prior fit).
 ``sync_bench``  torch DDP against the synchronizer, side by side (``commgym bench sync``).
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import datetime
 import gc
 import importlib
@@ -52,7 +57,9 @@ import torch.distributed as dist
 from commgym.collectives import CommConfig, GradientSynchronizer
 from commgym.env.cluster import LaunchConfig
 from commgym.env.measure import DecisionRecorder
-from commgym.env.rank_bench import bench_allgather, bench_allreduce, bench_sync
+from commgym.env.rank_bench import LinkProbe, bench_allgather, bench_allreduce, bench_sync
+from commgym.env.stragglers import StragglerDraw, StragglerSpec
+from commgym.env.workloads.shards import shard_indices
 
 __all__ = ["RankRunner", "main"]
 
@@ -77,10 +84,12 @@ class RankRunner:
         self.rank = rank
         self.world_size = world_size
         self.device = device
+        self._probe = LinkProbe(device)
         self.config = config
         self.sync: GradientSynchronizer | None = None
         self.model: torch.nn.Module | None = None
         self.recorder = DecisionRecorder()
+        self._snapshots: dict[str, dict[str, Any]] = {}
 
     # -- commands -------------------------------------------------------------------
     def reset(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -116,9 +125,13 @@ class RankRunner:
         )
         data = wl.load_data()
         self.batch_size = int(self.config.batch_size or wl.default_batch_size)
-        gen = torch.Generator().manual_seed(seed)
-        perm = torch.randperm(len(data.train_x), generator=gen)
-        shard = perm[self.rank :: self.world_size]
+        shard = shard_indices(
+            data.train_y if data.train_y.dim() == 1 else data.train_y[:, 0],
+            self.rank,
+            self.world_size,
+            seed,
+            self.config.shards,
+        )
         self.train_x = data.train_x[shard].to(self.device)
         self.train_y = data.train_y[shard].to(self.device)
         n_eval = min(EVAL_SAMPLES, len(data.eval_x))
@@ -129,6 +142,8 @@ class RankRunner:
         self.order = torch.randperm(len(self.train_x), generator=self.gen)
         self.cursor = 0
         self.samples = 0
+        self.stragglers = StragglerDraw(seed, self.world_size)
+        self._snapshots.clear()  # a new episode: forks of the last one are void
         eval_loss, eval_acc, eval_n = self._evaluate()
         return {
             "type": "reset",
@@ -182,12 +197,16 @@ class RankRunner:
         sync.reconfigure(CommConfig(**msg["config"]))
         reconfigure_s = time.perf_counter() - t_cfg
         steps = int(msg["steps"])
+        straggler = StragglerSpec(**msg.get("straggler", {}))
         rec = self.recorder
         rec.reset()
         for i in range(steps):
             if i == steps - 1:
                 sync.request_error_measurement()
             t0 = time.perf_counter()
+            delay = self.stragglers.delay_s(self.rank, straggler)
+            if delay:  # a late rank: it sleeps inside the timed iteration, costing no CPU
+                time.sleep(delay)
             x, y = self._next_batch()  # data loading is part of a training iteration
             opt.zero_grad(set_to_none=True)
             loss = wl.loss_fn(model(x), y)
@@ -202,15 +221,17 @@ class RankRunner:
             )
         # one consensus model at every decision boundary (cost counted)
         c0 = time.perf_counter()
-        cons = sync.consensus()
+        cons = sync.consensus(optimizer_state=False)
         consensus_s = time.perf_counter() - c0
+        probe_bytes = int(msg.get("probe_bytes", 0))
+        probe_s = self._probe(probe_bytes)
         self.samples += steps * self.batch_size
         train_loss = rec.train_loss()
         e0 = time.perf_counter()
         eval_loss, eval_acc, eval_n = self._evaluate()
         eval_s = time.perf_counter() - e0
         measured = rec.finish(
-            overhead_s=consensus_s + reconfigure_s,
+            overhead_s=consensus_s + reconfigure_s + probe_s,
             consensus_comm_s=cons.comm_s,
             consensus_bytes=cons.bytes_sent,
             eval_loss=eval_loss,
@@ -219,6 +240,8 @@ class RankRunner:
             eval_s=eval_s,
             samples=steps * self.batch_size,
             train_loss=train_loss,
+            probe_s=probe_s,
+            probe_bytes=probe_bytes,
         )
         return {
             "type": "step",
@@ -226,6 +249,55 @@ class RankRunner:
             "reconfigure_s": reconfigure_s,
             "handler_s": time.perf_counter() - t_handler,
         }
+
+    def snapshot(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Copy the episode's state under ``msg["key"]`` (in memory, on this rank).
+
+        Raises:
+            RuntimeError: before the first ``reset``.
+        """
+        if self.sync is None or self.model is None:
+            raise RuntimeError("snapshot before reset")
+        self._snapshots[str(msg["key"])] = copy.deepcopy(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.opt.state_dict(),
+                "sync": self.sync.state_dict(),
+                "gen": self.gen.get_state(),
+                "order": self.order,
+                "cursor": self.cursor,
+                "samples": self.samples,
+                "stragglers": self.stragglers.getstate(),
+            }
+        )
+        return {"type": "snapshot", "snapshots": len(self._snapshots)}
+
+    def restore(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Put back the state saved under ``msg["key"]`` (a collective: every rank at once).
+
+        Raises:
+            KeyError: no snapshot of that key on this rank.
+        """
+        snap = copy.deepcopy(self._snapshots[str(msg["key"])])
+        assert self.sync is not None and self.model is not None
+        # the synchronizer first: switching back to the saved configuration may average
+        # (a collective every rank makes), and the model and optimizer are overwritten next
+        self.sync.load_state_dict(snap["sync"])
+        self.model.load_state_dict(snap["model"])
+        self.opt.load_state_dict(snap["optimizer"])
+        self.gen.set_state(snap["gen"])
+        self.order, self.cursor, self.samples = snap["order"], snap["cursor"], snap["samples"]
+        self.stragglers.setstate(snap["stragglers"])
+        return {"type": "restore"}
+
+    def drop(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Free the snapshots named in ``msg["keys"]`` (all with ``None``)."""
+        keys = msg.get("keys")
+        if keys is None:
+            self._snapshots.clear()
+        for k in keys or ():
+            self._snapshots.pop(str(k), None)
+        return {"type": "drop", "snapshots": len(self._snapshots)}
 
 
 def _apply_launch(config: LaunchConfig) -> torch.device:
@@ -297,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {
         "reset": runner.reset,
         "step": runner.step,
+        "snapshot": runner.snapshot,
+        "restore": runner.restore,
+        "drop": runner.drop,
         "allreduce_bench": lambda msg: bench_allreduce(msg, device),
         "allgather_bench": lambda msg: bench_allgather(msg, device),
         "sync_bench": lambda msg: bench_sync(msg, device),

@@ -1,6 +1,6 @@
 """``commgym collect``: record real decisions for the surrogate, logged to MLflow.
 
-Runs ``commgym/AllReduce-v0`` under an exploration policy (``sticky``: a uniform menu
+Runs ``commgym/AllReduce-v1`` under an exploration policy (``sticky``: a uniform menu
 entry held for a geometric number of decisions, mean 4, so the data shows both fresh
 switches and configurations that ran long enough for error feedback and warm starts to
 settle, as a learned policy runs them; ``random``: a new uniform entry every decision;
@@ -43,7 +43,7 @@ def collect_transitions(
     """Record ``decisions`` real decisions of ``env`` under ``policy`` to ``path``.
 
     Args:
-        env: an (unwrapped or wrapped) ``commgym/AllReduce-v0`` env; not closed here.
+        env: an (unwrapped or wrapped) ``commgym/AllReduce-v1`` env; not closed here.
         path: CSV or ``.parquet`` output.
         decisions: number of decisions (episodes are reset as they end).
         policy: ``"sticky"``, ``"random"`` or ``"grid"`` (see the module docstring).
@@ -92,7 +92,7 @@ def record_dataset(
     """Time the collectives (prior), then record decisions, on an open real env.
 
     Args:
-        env: a ``commgym/AllReduce-v0`` env (possibly wrapped); not closed here.
+        env: a ``commgym/AllReduce-v1`` env (possibly wrapped); not closed here.
         out: transitions file; the collective timings go next to it as ``.bench.json``.
         decisions: real decisions to record.
         policy: exploration policy (:data:`POLICIES`).
@@ -204,7 +204,7 @@ def collect(
         **{k: v for k, v in env_config.to_dict().items() if k != "action_menu"},
         "decisions": decisions, "policy": policy,
     }  # fmt: skip
-    env = gym.make("commgym/AllReduce-v0", config=env_config)
+    env = gym.make("commgym/AllReduce-v1", config=env_config)
     try:
         with tracker.start_run(
             f"collect-{policy}", params={**params, **reproducibility_params()},

@@ -47,8 +47,8 @@ class RunConfig:
             ``MLFLOW_TRACKING_URI``).
         experiment: MLflow experiment name.
         output_dir: folder for the policy, plots and CSVs.
-        env_kind: where the agent learns: ``"real"`` (``commgym/AllReduce-v0``) or
-            ``"surrogate"`` (``commgym/Surrogate-v0``; evaluation stays on real ranks).
+        env_kind: where the agent learns: ``"real"`` (``commgym/AllReduce-v1``) or
+            ``"surrogate"`` (``commgym/Surrogate-v1``; evaluation stays on real ranks).
         surrogate: fitted surrogate model file for ``env_kind="surrogate"``; ``None``
             collects ``surrogate_decisions`` real decisions of the scenario first (sticky
             random exploration) and fits one into ``output_dir``.
@@ -125,12 +125,19 @@ class RunConfig:
         self.agent_kwargs = keyed_agent_kwargs(self.agent_kwargs, self.agent)
         # resolved and validated once, here; the env is built from this very object
         self.env_config = EnvConfig(**self.env)
+        from commgym.agents.autotune import OBJECTIVES
+
         for name in [self.agent, *self.baselines, *self.baseline_kwargs, *self.agent_kwargs]:
             base, _, preset = name.partition(":")
             if base != "static" and base not in AGENTS:
                 close = difflib.get_close_matches(base, sorted(AGENTS), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ValueError(f"unknown agent {name!r}; known: {sorted(AGENTS)}.{hint}")
+            if base == "autotune" and preset and preset not in OBJECTIVES:
+                raise ValueError(
+                    f"unknown autotune objective in {name!r}; valid: "
+                    f"{', '.join(f'autotune:{o}' for o in sorted(OBJECTIVES))}"
+                )
             if base == "static" and preset:  # on this scenario's menu, before any rank starts
                 try:
                     resolve_preset(self.env_config.menu, preset)
@@ -280,6 +287,26 @@ CLI_FIELDS: dict[str, CliField] = {
     "env.max_decisions": CliField("Cap on decisions per episode (truncates).", min=1),
     "fine_tune_episodes": CliField(
         "Real episodes of fine-tuning after learning on the surrogate (0-10).", min=0
+    ),
+    "env.shards": CliField(
+        "How the training set is split over ranks: iid, or label-skew[:f] (non-IID: "
+        "sorted by label into one block per rank, a fraction f of each block kept).",
+    ),
+    "env.stragglers": CliField(
+        "Straggler jitter: one random rank sleeps this long per iteration, e.g. 40ms or "
+        "40ms:p=0.5 (a probability per iteration); YAML also takes schedules (default: off).",
+        cli_type=str,
+        show_default=False,
+    ),
+    "env.probe_bytes": CliField(
+        "Bytes of a probe all-reduce at the end of every decision, timed for the "
+        "observation's link estimate (its time counts as training; 0: none).",
+        min=0,
+    ),
+    "env.privileged_obs": CliField(
+        "Reveal the configured link rate and straggler jitter in the observation (an "
+        "ablation: a real job does not know them).",
+        flag="--privileged-obs/--no-privileged-obs",
     ),
 }
 

@@ -216,8 +216,14 @@ def compare(
                     parent_run_id=parent_id,
                 ) as run:
                     wrapped = TrackingWrapper(env, run)
+                    # an oracle in hindsight plays what it found for this very seed
+                    player = agent.for_seed(seed) if hasattr(agent, "for_seed") else agent
                     res = rollout(
-                        wrapped, agent, seed, target_loss=target, on_step=clock if by_time else None
+                        wrapped,
+                        player,
+                        seed,
+                        target_loss=target,
+                        on_step=clock if by_time else None,
                     )
                     csv = out / f"decisions-{slug(name)}-seed{seed}.csv"
                     wrapped.write_csv(csv)
@@ -294,34 +300,66 @@ def search_oracle(name: str, agent: Any, cost: TrainingCost, *, real: bool = Tru
         cost: receives ``search_s`` and the search's decisions (real ones if ``real``).
         real: the search ran on real ranks (not the surrogate).
     """
+    from commgym.agents import OracleStaticAgent
+
     t0 = time.perf_counter()
-    episodes = len(agent.entries) * len(agent.seeds)
-    with phase(
-        f"{name}: every menu entry on the evaluation seeds", episodes, unit="episodes"
-    ) as adv:
-        agent.learn(callback=EpisodeCounter(adv))
+    if isinstance(agent, OracleStaticAgent):
+        episodes = len(agent.entries) * len(agent.seeds)
+        with phase(
+            f"{name}: every menu entry on the evaluation seeds", episodes, unit="episodes"
+        ) as adv:
+            agent.learn(callback=EpisodeCounter(adv))
+        what = f"{len(agent.ranking)} entries"
+    else:  # oracle-adaptive: forks at every phase boundary (how many depends on pruning)
+        with phase(f"{name}: every menu entry at every phase boundary on the evaluation seeds"):
+            agent.learn()
+        what = "every phase boundary"
     seconds = time.perf_counter() - t0
     cost.add("search_s", seconds, int(agent.search_decisions) if real else 0)
     console.print(
-        f"{name} searched {len(agent.ranking)} entries in {seconds:.1f} s "
+        f"{name} searched {what} in {seconds:.1f} s "
         f"({agent.search_decisions} decisions; search cost, reported apart)"
     )
 
 
-def prepare_baseline(name: str, env: gym.Env, cfg: RunConfig) -> tuple[Any, TrainingCost]:
+def prepare_baseline(
+    name: str, env: gym.Env, cfg: RunConfig, prepared: dict[str, Any] | None = None
+) -> tuple[Any, TrainingCost]:
     """Build a baseline agent; tuners (bayesopt, grid, bandit, ...) tune first on the env.
 
     A tuner gets ``cfg.resolved_tuning_decisions`` real decisions (by default as many as
     the learned agent saw on real ranks); their wall time is printed as its tuning cost.
     Agents that declare ``online = True`` (``autotune``: it tunes inside every episode, so
     its tuning already counts in the measured time) and static presets get no tuning
-    phase; ``oracle-static`` runs its exhaustive search (``search_s``).
+    phase; the oracles run their searches (``search_s``): ``oracle-static`` every entry on
+    the evaluation seeds, ``oracle-adaptive`` every entry at every phase boundary (on top
+    of ``oracle-static``'s search, shared when ``prepared`` holds a learned one).
+
+    Args:
+        name: the agent's name (registry name or ``static:<preset>``).
+        env: the real env (ranks started).
+        cfg: the run configuration.
+        prepared: agents built before, by name (``oracle-adaptive`` reuses
+            ``oracle-static``'s search from here).
 
     Returns:
         ``(agent, cost)``.
     """
+    from commgym.agents import OracleStaticAgent
+
     cost = TrainingCost()
-    agent = build_agent(name, env, cfg, cfg.baseline_kwargs.get(name, {}))
+    base = name.split(":", 1)[0]
+    # a variant (autotune:progress) takes its family's scenario settings, then its own
+    hyper: dict[str, Any] = {
+        **(cfg.baseline_kwargs.get(base, {}) if base != name else {}),
+        **cfg.baseline_kwargs.get(name, {}),
+    }
+    if name == "oracle-adaptive":  # shares oracle-static's search over the same seeds
+        seeds = [cfg.eval_seed + i for i in range(cfg.episodes)]
+        shared = [a for a in (prepared or {}).values() if isinstance(a, OracleStaticAgent)]
+        if shared and shared[0].seeds == seeds:
+            hyper["static"] = shared[0]
+    agent = build_agent(name, env, cfg, hyper)
     if agent.oracle:
         search_oracle(name, agent, cost)
     elif not name.startswith("static:") and name != "random" and not agent.online:
@@ -343,7 +381,7 @@ def compare_with_baselines(
     """Evaluate ``agent`` and ``cfg.baselines`` on the same seeds; log, plot and print."""
     agents = {name: agent}
     for b in cfg.baselines:
-        agents[b], _ = prepare_baseline(b, env, cfg)
+        agents[b], _ = prepare_baseline(b, env, cfg, agents)
     results, figures = compare(cfg, env, agents, tracker, parent.run_id, out)
     for fig in figures:
         parent.log_artifact(fig)

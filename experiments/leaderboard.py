@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from rich.table import Table
 
@@ -41,6 +42,14 @@ from commgym.experiments.evaluation import (
     mean_pm,
     prepare_baseline,
     sim_to_real_gap,
+)
+from commgym.experiments.headroom import (
+    HEADROOM_FACTOR,
+    Estimate,
+    captured_fraction,
+    has_headroom,
+    headroom,
+    paired_difference,
 )
 from commgym.experiments.progress import console
 from commgym.experiments.session import announce, check_network, make_env, slug, start_ranks
@@ -64,6 +73,7 @@ DEFAULT_AGENTS = (
     "ppo",
     "autotune",
     "oracle-static",
+    "oracle-adaptive",
     "static:ddp-default",
     "static:fp16-dense",
     "bayesopt",
@@ -98,6 +108,9 @@ class LeaderboardEntry:
             recorded cost.
         cost_real_decisions: real decisions spent preparing it.
         cost_parts: ``cost_wall_s`` by phase.
+        captured: the share of the scenario's headroom this agent captured
+            (:func:`~commgym.experiments.headroom.captured_fraction`); ``None`` for the
+            oracles and where the scenario was not measured against both oracles.
     """
 
     scenario: str
@@ -114,6 +127,7 @@ class LeaderboardEntry:
     cost_wall_s: float = 0.0
     cost_real_decisions: int = 0
     cost_parts: dict[str, float] = field(default_factory=dict)
+    captured: Estimate | None = None
 
     @property
     def time_to_target_mean_s(self) -> float:
@@ -155,12 +169,11 @@ def scenario_name(scenario: str | Path) -> str:
 
 def _role(name: str) -> str:
     from commgym.agents import AGENTS
-    from commgym.agents.sb3 import SB3Agent
 
     cls = AGENTS.get(name.split(":", 1)[0])
     if cls is not None and cls.oracle:
         return "oracle"
-    if cls is not None and issubclass(cls, SB3Agent):
+    if cls is not None and cls.learned:
         return "learned"
     return "baseline"
 
@@ -257,6 +270,158 @@ def _row(e: LeaderboardEntry) -> list[str]:
     ]
 
 
+def strongest_baseline(entries: list[LeaderboardEntry]) -> LeaderboardEntry | None:
+    """The non-oracle, non-learned agent with the lowest mean time to target (None if none)."""
+    baselines = [e for e in entries if e.role == "baseline"]
+    return min(baselines, key=lambda e: e.time_to_target_mean_s) if baselines else None
+
+
+def modal_actions(episodes: list[Episode]) -> dict[str, tuple[str, float, int, float]]:
+    """Per condition, the configuration an agent played most, and how varied its play was.
+
+    Args:
+        episodes: one agent's evaluation episodes (their steps carry the condition).
+
+    Returns:
+        condition label -> ``(modal configuration, its share of the decisions under that
+        condition, number of decisions, entropy of the configurations played there in
+        bits)``; decisions without a condition count as ``"-"``. The entropy is the
+        empirical one of what was played (0: one configuration), whatever the agent's kind.
+    """
+    from collections import Counter
+
+    counts: dict[str, Counter[str]] = {}
+    for ep in episodes:
+        for step in ep.steps:
+            counts.setdefault(step.condition or "-", Counter())[step.config] += 1
+    out = {}
+    for cond, c in counts.items():
+        config, n = c.most_common(1)[0]
+        total = sum(c.values())
+        p = np.array(list(c.values()), dtype=np.float64) / total
+        out[cond] = (config, n / total, total, float(-(p * np.log2(p)).sum()))
+    return out
+
+
+def _headroom(
+    scenario: str,
+    entries: list[LeaderboardEntry],
+    results: dict[str, list[Episode]],
+    out: Path,
+) -> tuple[list[str], dict[str, Any], Path]:
+    """Headroom, captured fractions, strongest baseline and per-condition actions.
+
+    Sets :attr:`LeaderboardEntry.captured` and writes ``headroom-<scenario>.json``.
+
+    Returns:
+        ``(Markdown lines that follow the scenario's table, the report, its file)``.
+    """
+    by_agent = {e.agent: e for e in entries}
+    static = next((e for e in entries if e.agent == "oracle-static"), None)
+    adaptive = next((e for e in entries if e.agent == "oracle-adaptive"), None)
+    strongest = strongest_baseline(entries)
+    report: dict[str, Any] = {"scenario": scenario, "seeds": entries[0].seeds}
+    lines: list[str] = [""]
+    if strongest is not None:
+        report["strongest_baseline"] = strongest.agent
+        lines.append(
+            f"Strongest non-oracle baseline: `{strongest.agent}` "
+            f"({mean_pm(strongest.time_to_target_s, '.2f')} s)."
+        )
+    if static is not None and adaptive is not None:
+        h = headroom(static.time_to_target_s, adaptive.time_to_target_s)
+        shown = has_headroom(h)
+        report["headroom"] = {**asdict(h), "established": shown}
+        report["captured"] = {}
+        for e in entries:
+            if e.role == "oracle":
+                continue
+            c = captured_fraction(
+                static.time_to_target_s, adaptive.time_to_target_s, e.time_to_target_s
+            )
+            e.captured = c if shown else None
+            report["captured"][e.agent] = asdict(c)
+        verdict = (
+            f"headroom h = {h}"
+            if shown
+            else f"**no headroom**: h = {h} is below {HEADROOM_FACTOR:g}x its interval's "
+            "half-width, so agents are not ranked on the captured fraction"
+        )
+        lines.append(
+            f"Adaptation: {verdict} (oracle-static {static.time_to_target_mean_s:.2f} s, "
+            f"oracle-adaptive {adaptive.time_to_target_mean_s:.2f} s; paired bootstrap over "
+            f"{h.n} seeds)."
+        )
+        if shown:
+            captured = [e for e in entries if e.captured is not None]
+            lines.append(
+                "Captured fraction C = (T_static - T_agent) / (T_static - T_adaptive) "
+                "[95% CI]: " + "; ".join(f"`{e.agent}` {e.captured}" for e in captured) + "."
+            )
+    learned = [e for e in entries if e.role == "learned"]
+    for e in learned:
+        cmp: dict[str, Any] = {}
+        if static is not None:
+            diff, p = paired_difference(e.time_to_target_s, static.time_to_target_s)
+            cmp["minus_oracle_static_s"] = {**asdict(diff), "p_value": p}
+            lines.append(
+                f"`{e.agent}` - oracle-static: {diff} s per seed (paired t-test p = {p:.3g})."
+            )
+        if strongest is not None:
+            ratio = strongest.time_to_target_mean_s / e.time_to_target_mean_s
+            cmp["speedup_vs_strongest_baseline"] = ratio
+            lines.append(f"`{e.agent}` vs `{strongest.agent}`: {ratio:.2f}x faster.")
+        report.setdefault("learned", {})[e.agent] = cmp
+    actions = {name: modal_actions(eps) for name, eps in results.items() if name in by_agent}
+    report["actions"] = {
+        name: {
+            c: {"config": v[0], "share": v[1], "decisions": v[2], "entropy_bits": v[3]}
+            for c, v in table.items()
+        }
+        for name, table in actions.items()
+    }
+    conditions = sorted({c for table in actions.values() for c in table})
+    if len(conditions) > 1:
+        lines += [
+            "",
+            "Most played configuration per condition (share of its decisions; entropy of "
+            "what was played there, bits):",
+            "",
+        ]
+        lines.append("| agent | " + " | ".join(conditions) + " |")
+        lines.append("|---|" + "---|" * len(conditions))
+        for name, table in actions.items():
+            cells = [
+                f"{table[c][0]} ({table[c][1]:.0%}, {table[c][3]:.1f} b)" if c in table else "-"
+                for c in conditions
+            ]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    path = out / f"headroom-{slug(scenario)}.json"
+    path.write_text(json.dumps(report, indent=1, default=_json_number))
+    return lines, report, path
+
+
+def _agent_metrics(key: str, e: LeaderboardEntry, report: dict[str, Any]) -> dict[str, float]:
+    """An agent's captured fraction and the entropy of its play, per condition and overall."""
+    out: dict[str, float] = {}
+    if e.captured is not None:
+        out[f"{key}/captured"] = e.captured.value
+    table = report.get("actions", {}).get(e.agent, {})
+    total = sum(v["decisions"] for v in table.values())
+    if total:
+        out[f"{key}/action_entropy_bits"] = (
+            sum(v["entropy_bits"] * v["decisions"] for v in table.values()) / total
+        )
+    for cond, v in table.items():
+        out[f"{key}/action_entropy_bits/{slug(cond)}"] = v["entropy_bits"]
+    return out
+
+
+def _json_number(x: Any) -> Any:
+    """JSON for the odd values of a report (infinite interval ends as strings)."""
+    return str(x)
+
+
 def _title(cfg: RunConfig, scenario: str, seeds: int) -> str:
     env = cfg.env_config
     return (
@@ -266,7 +431,11 @@ def _title(cfg: RunConfig, scenario: str, seeds: int) -> str:
 
 
 def _write_tables(
-    scenario: str, title: str, entries: list[LeaderboardEntry], out: Path
+    scenario: str,
+    title: str,
+    entries: list[LeaderboardEntry],
+    out: Path,
+    notes: list[str] = (),
 ) -> tuple[Path, Path]:
     csv_path = out / f"leaderboard-{slug(scenario)}.csv"
     with csv_path.open("w", newline="") as fh:
@@ -294,6 +463,7 @@ def _write_tables(
     lines = [f"**{title}**", "", "| " + " | ".join(COLUMNS) + " |"]
     lines.append("|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 1)) + "|")
     lines += ["| " + " | ".join(_row(e)) + " |" for e in entries]
+    lines += list(notes)
     md_path.write_text("\n".join(lines) + "\n")
     return csv_path, md_path
 
@@ -332,6 +502,17 @@ def _static_ranking(agent: Any, scenario: str, out: Path) -> Path | None:
                     for k, v in r.items()
                 }
             )
+    return path
+
+
+def _adaptive_schedules(agent: Any, scenario: str, out: Path) -> Path | None:
+    """oracle-adaptive's schedule per seed, with every candidate tried per phase."""
+    schedules = getattr(agent, "schedules", None)
+    if not schedules:
+        return None
+    path = out / f"adaptive-schedules-{slug(scenario)}.json"
+    data = {"base": agent.base, "seeds": [s.to_dict() for s in schedules.values()]}
+    path.write_text(json.dumps(data, indent=1))
     return path
 
 
@@ -443,10 +624,13 @@ def run_leaderboard(
                         if sur is not None:
                             surrogates.append((name, sur))
                     else:
-                        agent, cost = prepare_baseline(name, env, cfg)
-                        path = _static_ranking(agent, scenario, s_out)
-                        if path is not None:
-                            parent.log_artifact(path, artifact_path=slug(scenario))
+                        agent, cost = prepare_baseline(name, env, cfg, built)
+                        for path in (
+                            _static_ranking(agent, scenario, s_out),
+                            _adaptive_schedules(agent, scenario, s_out),
+                        ):
+                            if path is not None:
+                                parent.log_artifact(path, artifact_path=slug(scenario))
                     built[name], costs[name] = agent, cost
                 results, figs = compare(
                     cfg, env, built, tracker, parent.run_id, s_out, scenario=scenario
@@ -468,6 +652,7 @@ def run_leaderboard(
                 )  # fmt: skip
                 entries.append(e)
             _speedups(entries)
+            notes, report, report_path = _headroom(scenario, entries, results, out)
             board[scenario] = entries
             title = _title(cfg, scenario, seeds)
             table = Table(title=title)
@@ -476,7 +661,9 @@ def run_leaderboard(
             for e in entries:
                 table.add_row(*_row(e))
             console.print(table)
-            csv_path, md_path = _write_tables(scenario, title, entries, out)
+            for line in notes:
+                console.print(line.replace("`", "").replace("**", ""))
+            csv_path, md_path = _write_tables(scenario, title, entries, out, notes)
             markdown.append(md_path.read_text())
             panels = {
                 "time to target (s; a miss counts as the budget)": {
@@ -486,7 +673,7 @@ def run_leaderboard(
                 "bytes per step (B)": {e.agent: e.bytes_per_step for e in entries},
             }
             bars = comparison_plot(panels, None, out / f"leaderboard-{slug(scenario)}.png")
-            for path in (csv_path, md_path, bars, *figs):
+            for path in (csv_path, md_path, report_path, bars, *figs):
                 parent.log_artifact(path, artifact_path=slug(scenario))
             figures += [bars, *figs]
             for i, e in enumerate(entries):
@@ -499,8 +686,19 @@ def run_leaderboard(
                             "static:ddp-default", math.nan
                         ),
                         f"{key}/speedup_vs_autotune": e.speedup.get("autotune", math.nan),
+                        **_agent_metrics(key, e, report),
                     },
                     step=i,
+                )
+            if "headroom" in report:
+                h = report["headroom"]
+                parent.log_metrics(
+                    {
+                        f"leaderboard/{slug(scenario)}/headroom": h["value"],
+                        f"leaderboard/{slug(scenario)}/headroom_low": h["low"],
+                        f"leaderboard/{slug(scenario)}/headroom_high": h["high"],
+                    },
+                    step=0,
                 )
             console.print(
                 f"scenario {scenario} took {time.perf_counter() - t_scenario:.0f} s "

@@ -1,7 +1,7 @@
 """``commgym replay``: one full training run per agent, the saved policy next to the baselines.
 
 Each agent (the policy, then ``static:ddp-default`` and ``static:fp16-dense`` by default)
-drives ONE long episode of the real environment ``commgym/AllReduce-v0`` with the same
+drives ONE long episode of the real environment ``commgym/AllReduce-v1`` with the same
 workload, world size, network and seed, until the held-out loss reaches
 ``target_loss``, the training-time budget is spent or ``steps`` iterations have run.
 The table shows time-to-target, bytes per iteration, final loss and accuracy side by side.
@@ -133,7 +133,7 @@ def replay(policy: str | Path, config: RunConfig | None = None) -> dict[str, Epi
     cfg = replay_config() if config is None else config
     env_cfg, seed, baselines = cfg.env_config, cfg.seed, cfg.baselines
     target_loss, time_budget_s = env_cfg.target_loss, env_cfg.time_budget_s
-    env = gym.make("commgym/AllReduce-v0", config=env_cfg)
+    env = gym.make("commgym/AllReduce-v1", config=env_cfg)
     results: dict[str, Episode] = {}
     try:
         if is_policy_file(policy):

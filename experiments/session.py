@@ -20,10 +20,10 @@ __all__ = ["announce", "check_network", "make_env", "parent_params", "slug", "st
 
 
 def make_env(cfg: RunConfig) -> gym.Env:
-    """``commgym/AllReduce-v0`` from ``cfg.env_config`` (no rank starts before a reset)."""
+    """``commgym/AllReduce-v1`` from ``cfg.env_config`` (no rank starts before a reset)."""
     import commgym.env  # noqa: F401 - registers the env
 
-    return gym.make("commgym/AllReduce-v0", config=cfg.env_config)
+    return gym.make("commgym/AllReduce-v1", config=cfg.env_config)
 
 
 def check_network(plan: Any, strict: bool = True, source: str = "--network") -> None:

@@ -36,7 +36,7 @@ __all__ = ["learn_agent", "train"]
 def train(cfg: RunConfig, env: gym.Env | None = None) -> dict[str, list[Episode]]:
     """Train ``cfg.agent``, save the policy, compare it with the baselines on real ranks.
 
-    With ``cfg.env_kind == "surrogate"`` the agent learns on ``commgym/Surrogate-v0``
+    With ``cfg.env_kind == "surrogate"`` the agent learns on ``commgym/Surrogate-v1``
     (fitted first from ``cfg.surrogate_decisions`` real decisions when ``cfg.surrogate``
     is unset) and the sim-to-real gap is logged; evaluation always runs on real ranks.
 
@@ -115,11 +115,16 @@ def learn_agent(
         ``(agent, cost, surrogate_env)``; ``surrogate_env`` is ``None`` on real ranks (the
         caller closes it).
     """
+    from commgym.agents import AGENTS
     from commgym.experiments.tracking import TrackingWrapper
 
     cost = TrainingCost()
     surrogate = None
-    if cfg.env_kind == "surrogate":
+    cls = AGENTS.get(cfg.agent.split(":", 1)[0])
+    real_only = cls is not None and cls.needs_real_env
+    if real_only and cfg.env_kind == "surrogate":
+        console.print(f"{cfg.agent} learns by forking real episodes: it trains on real ranks")
+    if cfg.env_kind == "surrogate" and not real_only:
         path = cfg.surrogate
         if not path:
             t0 = time.perf_counter()
@@ -143,7 +148,9 @@ def learn_agent(
         with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
             agent.learn(cfg.timesteps, callback=lambda _: adv(1))
         learn_s = time.perf_counter() - t0
-        cost.add("learn_s", learn_s, 0 if surrogate is not None else cfg.timesteps)
+        # a learner that runs its own episodes says how many real decisions they took
+        spent = getattr(agent, "cost_decisions", None) or cfg.timesteps
+        cost.add("learn_s", learn_s, 0 if surrogate is not None else spent)
     learn_env.write_csv(out / "learning-decisions.csv")
     parent.log_artifact(out / "learning-decisions.csv")
     parent.log_metrics({f"{prefix}train/learn_s": learn_s}, step=cfg.timesteps)
@@ -167,7 +174,7 @@ def learn_agent(
 def _make_surrogate_env(cfg: RunConfig, path: str | Path) -> gym.Env:
     import commgym.env  # noqa: F401 - registers the env
 
-    return gym.make("commgym/Surrogate-v0", model_path=str(path), **cfg.env)
+    return gym.make("commgym/Surrogate-v1", model_path=str(path), **cfg.env)
 
 
 def _collect_and_fit(cfg: RunConfig, env: gym.Env, run: Any, out: Path) -> Path:

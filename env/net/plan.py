@@ -16,12 +16,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import decimal
-import itertools
 import math
 import random
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from commgym.env.schedule import Condition
 
 #: Named network profiles (values are spec strings; see :meth:`NetworkSpec.parse`).
 #:
@@ -256,21 +257,10 @@ class NetworkSchedule:
     def __post_init__(self) -> None:
         if not self.entries:
             raise ValueError("a network schedule needs at least one (0, spec) entry")
-        times = [t for t, _ in self.entries]
-        if times[0] != 0:
-            raise ValueError(f"a network schedule must start at 0 s, got {times[0]}")
-        for prev, cur in itertools.pairwise(times):
-            if not cur > prev:
-                raise ValueError(f"network schedule times must strictly increase: {times}")
-        shift = self.shift_s
-        if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not shift >= 0:
-            raise ValueError(f"network schedule shift_s must be a number >= 0, got {shift!r}")
-        gaps = [cur - prev for prev, cur in itertools.pairwise(times)]
-        if shift and 2 * shift >= min(gaps):
-            raise ValueError(
-                f"network schedule shift_s={shift} must be below half the shortest gap between "
-                f"switches ({min(gaps)} s in {times}), so shifted switches keep their order"
-            )
+        self._condition()  # one validation of times and shift for every condition schedule
+
+    def _condition(self) -> Condition[NetworkSpec]:
+        return Condition("schedule", self.entries, self.shift_s, name="network")
 
     @classmethod
     def parse(
@@ -294,20 +284,10 @@ class NetworkSchedule:
         """
         if isinstance(items, (str, NetworkSpec)):
             return cls(((0.0, NetworkSpec.parse(items)),), shift_s)
-        entries = []
-        for item in items:
-            try:
-                t, spec = item
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"network schedule entries must be (seconds, spec) pairs, got {item!r}"
-                ) from None
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-                raise ValueError(f"network schedule time must be a finite number, got {t!r}")
-            if t < 0:
-                raise ValueError(f"network schedule time must be >= 0, got {t!r}")
-            entries.append((float(t), NetworkSpec.parse(spec)))
-        return cls(tuple(entries), shift_s)
+        parsed = Condition.parse(
+            {"schedule": list(items), "shift_s": shift_s}, NetworkSpec.parse, "network"
+        )
+        return cls(parsed.entries, parsed.shift_s)
 
     def for_episode(self, seed: int | None) -> NetworkSchedule:
         """The schedule of one episode: every switch after the first moved by a seeded shift.
@@ -320,11 +300,7 @@ class NetworkSchedule:
         """
         if not self.shift_s:
             return self
-        rng = random.Random(seed)
-        moved = [self.entries[0]]
-        for t, spec in self.entries[1:]:
-            moved.append((round(t + rng.uniform(-self.shift_s, self.shift_s), 3), spec))
-        return NetworkSchedule(tuple(moved))
+        return NetworkSchedule(tuple(self._condition().for_episode(seed).entries))
 
     def spec_at(self, elapsed_s: float) -> NetworkSpec:
         """Returns the spec in force after ``elapsed_s`` seconds of training."""
@@ -442,24 +418,11 @@ class NetworkPlan:
             return cls()
         if isinstance(network, str):
             return cls("fixed", NetworkSchedule.parse(network), source=network)
-        source, shift_s = network, 0.0
-        if isinstance(network, dict):
-            keys = set(network)
-            if keys not in ({"profiles"}, {"schedule"}, {"schedule", "shift_s"}):
-                raise ValueError(
-                    "network dict must be {'profiles': [...]} or {'schedule': [[t, spec], ...]} "
-                    f"with an optional 'shift_s' (seconds) next to 'schedule', got {network!r}"
-                )
-            if "profiles" in network:
-                profiles = tuple(NetworkSpec.parse(p) for p in network["profiles"])
-                if not profiles:
-                    raise ValueError("network profiles must not be empty")
-                return cls("profiles", profiles=profiles, source=source)
-            shift_s = network.get("shift_s", 0.0)
-            network = network["schedule"]
-        if isinstance(network, list | tuple):
-            schedule = NetworkSchedule.parse([tuple(x) for x in network], shift_s)
-            return cls("schedule", schedule, source=source)
+        if isinstance(network, dict | list | tuple):
+            form = Condition.parse(network, NetworkSpec.parse, "network")
+            if form.kind == "profiles":
+                return cls("profiles", profiles=tuple(form.values), source=network)
+            return cls("schedule", NetworkSchedule(form.entries, form.shift_s), source=network)
         raise ValueError(
             "network must be None, a spec string, a schedule list or a profiles dict, got "
             f"{network!r}"

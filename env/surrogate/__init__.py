@@ -1,4 +1,4 @@
-"""``commgym/Surrogate-v0``: a fast learned model of ``commgym/AllReduce-v0``.
+"""``commgym/Surrogate-v1``: a fast learned model of ``commgym/AllReduce-v1``.
 
 Real decisions cost tens of milliseconds plus process launches; RL agents need many
 thousands. This package turns real decisions into a simulator (one module per step below):

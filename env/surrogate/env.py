@@ -1,4 +1,4 @@
-"""``commgym/Surrogate-v0``: the environment that steps a fitted :class:`SurrogateModel`."""
+"""``commgym/Surrogate-v1``: the environment that steps a fitted :class:`SurrogateModel`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ _TIMING_SET = frozenset(TIMING)
 
 
 class SurrogateEnv(gym.Env):
-    """``commgym/Surrogate-v0``: AllReduce-v0's interface, dynamics from a fitted model.
+    """``commgym/Surrogate-v1``: AllReduce-v1's interface, dynamics from a fitted model.
 
     Observation and action spaces, observation construction (:class:`ObservationBuilder`
     from :class:`~commgym.env.measure.DecisionMeasurement` records, as the real env), reward
@@ -125,6 +125,29 @@ class SurrogateEnv(gym.Env):
         self._samples = model.samples * config.steps_per_decision / max(model.steps_per_decision, 1)
         self._needs_reset = True
 
+    def _probe_s(self, spec: Any) -> float:
+        """The probe all-reduce's time on the link in force (the fitted alpha-beta prior).
+
+        The recorded decisions' training times already hold their probes' cost; this
+        gives the observation's probe field only.
+        """
+        if not self.config.probe_bytes:
+            return 0.0
+        rate = None if spec is None else spec.rate_bit_s
+        return self.model.alpha_beta.allreduce_s(
+            self.config.probe_bytes, self.config.world_size, rate
+        )
+
+    def _revealed(self, spec: Any) -> dict[str, float]:
+        """The privileged observation fields (as the real env's ``privileged_obs``)."""
+        if not self.config.privileged_obs:
+            return {}
+        from commgym.env.spaces import UNSHAPED_GBPS
+
+        straggler = self._stragglers.value_at(self._train_time_s)
+        rate = UNSHAPED_GBPS if spec is None else spec.rate_bit_s / 1e9
+        return {"link_gbps": rate, "straggler_ms": straggler.delay_s * straggler.prob * 1e3}
+
     def _link_tables(self, spec: Any) -> tuple[list[Any], list[float]]:
         """Prediction table and prior (as lists: fast indexing) of a link spec, cached."""
         if spec not in self._links:
@@ -153,6 +176,7 @@ class SurrogateEnv(gym.Env):
         # the real env's resolution of ``network`` (one plan: profiles, schedules and their
         # seeded shifts)
         self._timeline = self.config.network_plan.for_episode(episode_seed)
+        self._stragglers = self.config.straggler_condition.for_episode(episode_seed)
         self._switch_times = [] if self._timeline is None else [t for t, _ in self._timeline]
         self._spec = None if self._timeline is None else self._timeline.spec_at(0.0)
         self._table, self._prior = self._link_tables(self._spec)
@@ -259,13 +283,15 @@ class SurrogateEnv(gym.Env):
             nonfinite=diverged,
             samples=int(self._samples),
             steps=self._steps,
+            probe_s=self._probe_s(spec),
+            probe_bytes=cfg.probe_bytes,
         )
         m = measured.to_dict()
         m["env_step_s"] = 0.0
         self._decisions += 1
         self._train_time_s += train_t
         elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)
-        obs = self._obs.build(measured, a, elapsed)
+        obs = self._obs.build(measured, a, elapsed, **self._revealed(spec))
         self._action = a
         reward, terminated, truncated, reason = decision_outcome(
             cfg,

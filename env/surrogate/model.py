@@ -18,7 +18,8 @@ from commgym.env.surrogate.record import held_decisions, link_rates
 
 #: Version of the saved model layout (:meth:`SurrogateModel.save`); others are refused.
 #: 3: the configured link rate is an input (prior wire term and ``log(rate)`` feature).
-MODEL_VERSION = 3
+#: 4: recorded on AllReduce-v1 (probe fields in the measurement, parameter-only consensus).
+MODEL_VERSION = 4
 
 #: Decisions a configuration has been held are a feature up to this many (error feedback
 #: residuals, PowerSGD's warm start and momentum restart at every switch).

@@ -34,7 +34,7 @@ class TransitionRecorder(gym.Wrapper):
     static ones from the env's ``config``.
 
     Args:
-        env: a ``commgym/AllReduce-v0`` env (or anything with the same ``info`` shape).
+        env: a ``commgym/AllReduce-v1`` env (or anything with the same ``info`` shape).
         path: output file; ``.parquet`` writes Parquet (pandas + pyarrow), else CSV.
         flush_every: rewrite the file every this many decisions (0: only on close/flush).
     """

@@ -13,7 +13,7 @@ command                        module
                                bandwidth over emulated links
 ``commgym bench collectives``  :mod:`~commgym.experiments.bench.collectives`: all-reduce /
                                all-gather timings and the surrogate's alpha-beta prior
-``commgym bench surrogate``    :mod:`~commgym.experiments.bench.surrogate`: Surrogate-v0 env
+``commgym bench surrogate``    :mod:`~commgym.experiments.bench.surrogate`: Surrogate-v1 env
                                steps per second
 ``commgym bench surrogate-``   :mod:`~commgym.experiments.bench.surrogate_holdout`: held-out
 ``holdout``                    accuracy of the surrogate (rates, seeds, configurations)

@@ -238,7 +238,7 @@ SURROGATE_OPTIONS = {
 @bench_app.command("surrogate")
 @own_options(SURROGATE_OPTIONS)
 def bench_surrogate_cmd(model: str, steps: int = 20000) -> None:
-    """Env steps per second of commgym/Surrogate-v0 on one core."""
+    """Env steps per second of commgym/Surrogate-v1 on one core."""
     from commgym.experiments.bench.surrogate import run_surrogate_benchmark
 
     try:

@@ -1,6 +1,6 @@
 """``commgym bench env``: env-step wall time vs the ranks' own measured training time.
 
-One ``commgym/AllReduce-v0`` environment (real torchrun gloo ranks) runs ``decisions``
+One ``commgym/AllReduce-v1`` environment (real torchrun gloo ranks) runs ``decisions``
 steps, either always the DDP default action (``actions="fixed"``) or cycling through
 every entry of the action menu (``actions="cycle"``). For every decision it records
 
@@ -347,7 +347,7 @@ def run_env_benchmark(
     """
     import gymnasium
 
-    import commgym.env  # noqa: F401 - registers commgym/AllReduce-v0
+    import commgym.env  # noqa: F401 - registers commgym/AllReduce-v1
     from commgym.collectives import WorkerFailed
     from commgym.env.measure import measurement_from_info
 
@@ -365,7 +365,7 @@ def run_env_benchmark(
             console = Console(width=120)
 
     env = gymnasium.make(
-        "commgym/AllReduce-v0",
+        "commgym/AllReduce-v1",
         workload=workload,
         world_size=world_size,
         steps_per_decision=steps_per_decision,

@@ -1,4 +1,4 @@
-"""``commgym bench surrogate``: ``commgym/Surrogate-v0`` env steps per second on one core."""
+"""``commgym bench surrogate``: ``commgym/Surrogate-v1`` env steps per second on one core."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ console = Console()
 
 
 def time_surrogate(model: Any, steps: int) -> tuple[float, list[str]]:
-    """Steps per second of ``commgym/Surrogate-v0`` on ``model`` (random actions).
+    """Steps per second of ``commgym/Surrogate-v1`` on ``model`` (random actions).
 
     A model fitted on shaped links is stepped with ``network={"profiles": [...]}`` of its
     fitted rates (a seeded rate per episode, as collected), so the figure includes the
@@ -36,12 +36,12 @@ def time_surrogate(model: Any, steps: int) -> tuple[float, list[str]]:
         str(NetworkSpec(round(r * 1e9))) for r in model.link_rates_gbps if r < UNSHAPED_LINK_GBPS
     ]
     network = {"profiles": shaped} if shaped else None
-    env = gym.make("commgym/Surrogate-v0", model_path=model, network=network)
+    env = gym.make("commgym/Surrogate-v1", model_path=model, network=network)
     return benchmark_steps(env, steps), shaped
 
 
 def run_surrogate_benchmark(model_path: str | Path, steps: int = 20000) -> float:
-    """Steps per second of ``gymnasium.make("commgym/Surrogate-v0")`` (random actions).
+    """Steps per second of ``gymnasium.make("commgym/Surrogate-v1")`` (random actions).
 
     Raises:
         FileNotFoundError: no file at ``model_path``.
@@ -51,5 +51,5 @@ def run_surrogate_benchmark(model_path: str | Path, steps: int = 20000) -> float
 
     rate, shaped = time_surrogate(SurrogateModel.load(model_path), steps)
     links = f", links {', '.join(shaped)} per episode" if shaped else ""
-    console.print(f"commgym/Surrogate-v0: {rate:,.0f} env steps/s ({steps} steps, one core{links})")
+    console.print(f"commgym/Surrogate-v1: {rate:,.0f} env steps/s ({steps} steps, one core{links})")
     return rate

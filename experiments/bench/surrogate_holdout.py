@@ -107,7 +107,7 @@ def run_surrogate_holdout_benchmark(
         holdout_configs_frac: fraction of configurations held out (:func:`split_holdout`).
         seed: seed of the configuration choice.
         holdout_data: transition files of other runs, reported as they are.
-        steps: ``commgym/Surrogate-v0`` steps timed (on the fitted rates' profiles).
+        steps: ``commgym/Surrogate-v1`` steps timed (on the fitted rates' profiles).
 
     Returns:
         ``{"fit_rows", "fit_s", "steps_per_s", "reports": {name: holdout_report}}``.
@@ -143,5 +143,5 @@ def run_surrogate_holdout_benchmark(
         reports[name] = holdout_report(model, part)
         console.print(f"[bold]{name}[/bold]\n{format_holdout_report(reports[name])}")
     rate, _ = time_surrogate(model, steps)
-    console.print(f"commgym/Surrogate-v0: {rate:,.0f} env steps/s ({steps} steps, one core)")
+    console.print(f"commgym/Surrogate-v1: {rate:,.0f} env steps/s ({steps} steps, one core)")
     return {"fit_rows": len(fit), "fit_s": fit_s, "steps_per_s": rate, "reports": reports}

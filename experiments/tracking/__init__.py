@@ -16,7 +16,7 @@ Typical use::
     with tracker.start_run("ppo-mlp", params=cfg) as parent:
         parent.log_params(reproducibility_params())
         with tracker.start_run("seed-0", parent_run_id=parent.run_id) as run:
-            env = TrackingWrapper(gymnasium.make("commgym/AllReduce-v0"), run)
+            env = TrackingWrapper(gymnasium.make("commgym/AllReduce-v1"), run)
             ...
             env.close()  # logs decisions.csv
     print(ui_command(tracker.tracking_uri))

@@ -53,7 +53,7 @@ def _measured_metrics(m: DecisionMeasurement | None) -> dict[str, float | None]:
 
 
 class TrackingWrapper(gym.Wrapper):
-    """Logs every decision of a ``commgym/AllReduce-v0`` env to a :class:`RunLogger`.
+    """Logs every decision of a ``commgym/AllReduce-v1`` env to a :class:`RunLogger`.
 
     After each ``step`` it logs, with ``step`` = the running decision count over all
     episodes (1 after the first decision):

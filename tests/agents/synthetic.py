@@ -19,7 +19,7 @@ BEST = (2, 1, 2)
 class TableEnv(gym.Env):
     """Reward = a smooth bowl over normalised menu indices peaking at ``best`` + noise.
 
-    Same action/observation spaces as ``commgym/AllReduce-v0`` (built with ``ActionMenu``
+    Same action/observation spaces as ``commgym/AllReduce-v1`` (built with ``ActionMenu``
     and ``ObservationBuilder``); the eval loss falls by the reward each decision.
     """
 
@@ -132,6 +132,7 @@ class TimedTableEnv(TableEnv):
         progress = self.rate(a) * self.speed * dt
         progress *= 1.0 + self.noise * float(self.np_random.normal())
         prev = self._loss
+        cond = self.condition()  # what the decision ran under (its start)
         self._loss = prev * math.exp(-progress)
         self._train_time_s += dt
         cfg = self.config
@@ -142,6 +143,7 @@ class TimedTableEnv(TableEnv):
             bytes_total=2e5, train_loss=self._loss, eval_loss=self._loss, eval_acc=0.5,
             eval_s=0.0, grad_norm=1.0, compression_error=0.0, nonfinite=False,
             samples=cfg.steps_per_decision, steps=cfg.steps_per_decision,
+            probe_s=self.probe_s(), probe_bytes=65536 if self.probe_s() else 0,
         ).to_dict()  # fmt: skip
         elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)
         obs = self._builder.build(m, a, elapsed)
@@ -154,4 +156,76 @@ class TimedTableEnv(TableEnv):
             "config": str(self.menu.decode(a)), "measured": m, "reason": reason,
             "train_time_s": self._train_time_s, "elapsed_frac": elapsed,
         }  # fmt: skip
+        if cond is not None:
+            info["condition"] = cond
         return obs, reward, terminated, truncated, info
+
+    def probe_s(self) -> float:
+        """The probe all-reduce's time the decision reports (0: no probe)."""
+        return 0.0
+
+    def condition(self) -> str | None:
+        """The condition label a decision reports (None: none)."""
+        return None
+
+
+class PhasedTableEnv(TimedTableEnv):
+    """A clocked fake job whose best entry changes with training time (phases), forkable.
+
+    Phase ``k`` starts at ``boundaries[k - 1]`` seconds of training (phase 0 at 0 s) and has
+    its own bowl peak ``bests[k]``: progress per second of entry ``a`` in phase ``k`` is
+    ``exp(sharpness * (table_k(a) - 1))``. Noise-free, so every quantity can be computed by
+    hand. ``snapshot``/``restore``/``drop_snapshots``/``episode_phases`` follow
+    ``AllReduceEnv``'s forking interface (state: loss, clock, decision count).
+    """
+
+    def __init__(self, bests, boundaries, **kw):
+        super().__init__(best=bests[0], **kw)
+        assert len(bests) >= len(boundaries) + 1
+        self.bests = [np.asarray(b, dtype=np.int64) for b in bests]
+        self.boundaries = [float(t) for t in boundaries]
+        self._snaps: dict[str, tuple] = {}
+
+    def phase(self, t: float) -> int:
+        return sum(t >= b for b in self.boundaries)
+
+    def rate(self, action) -> float:
+        self.best = self.bests[self.phase(getattr(self, "_train_time_s", 0.0))]
+        return super().rate(action)
+
+    def decision_time_s(self, action) -> float:
+        return 0.1
+
+    def probe_s(self) -> float:
+        # the probe reads the link: 1 ms in even phases, 20 ms in odd ones
+        return 0.001 if self.phase(self._train_time_s) % 2 == 0 else 0.02
+
+    def condition(self) -> str:
+        return f"phase {self.phase(self._train_time_s)}"
+
+    @property
+    def episode_phases(self):
+        return [(0.0, "phase 0")] + [(t, f"phase {k + 1}") for k, t in enumerate(self.boundaries)]
+
+    def snapshot(self) -> str:
+        key = f"s{len(self._snaps)}"
+        self._snaps[key] = (self._loss, self._train_time_s, self._t, self._last)
+        return key
+
+    def restore(self, key):
+        self._loss, self._train_time_s, self._t, self._last = self._snaps[key]
+        return self._last
+
+    def drop_snapshots(self) -> None:
+        self._snaps.clear()
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self._last = obs
+        self._snaps.clear()
+        return obs, info
+
+    def step(self, action):
+        out = super().step(action)
+        self._last = out[0]
+        return out

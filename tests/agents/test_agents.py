@@ -111,7 +111,7 @@ def test_learn_predict_save_load_roundtrip(name, tmp_path):
     meta = read_policy_json(path)
     assert meta["class"] == type(agent).__name__
     assert meta["layout"] == layout_of(env)
-    assert meta["layout"]["env_id"] == "commgym/AllReduce-v0"
+    assert meta["layout"]["env_id"] == "commgym/AllReduce-v1"
     with zipfile.ZipFile(path) as zf:
         names = zf.namelist()
     if isinstance(agent, SB3Agent):

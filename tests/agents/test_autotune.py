@@ -142,7 +142,7 @@ def test_freezes_after_n_real_decisions():
     n = 3
     menu = {"compression": ["none", "fp16"], "bucket_mb": [4, 25], "sync_period": [1, 2]}
     env = gym.make(
-        "commgym/AllReduce-v0", workload="mlp-digits", world_size=2, steps_per_decision=2,
+        "commgym/AllReduce-v1", workload="mlp-digits", world_size=2, steps_per_decision=2,
         time_budget_s=60, max_decisions=6, action_menu=menu,
     )  # fmt: skip
     try:
@@ -156,3 +156,13 @@ def test_freezes_after_n_real_decisions():
         assert len(agent.samples) == n
     finally:
         env.close()
+
+
+def test_objective_variants_by_name():
+    """``autotune:<objective>`` picks the objective (two variants in one leaderboard)."""
+    env = TimedTableEnv(target_loss=0.5)
+    assert make_agent("autotune:progress", env).objective == "progress"
+    fast = make_agent("autotune:throughput", env, objective="progress", tuning_decisions=2)
+    assert fast.objective == "throughput" and fast.tuning_decisions == 2
+    with pytest.raises(ValueError, match="objective"):
+        make_agent("autotune:speed", env)

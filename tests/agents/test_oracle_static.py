@@ -113,7 +113,7 @@ def test_ranks_every_entry_on_real_ranks():
     entries = ["none/25MB/H1", "fp16/25MB/H2"]
     menu = {"compression": ["none", "fp16"], "bucket_mb": [4, 25], "sync_period": [1, 2]}
     env = gym.make(
-        "commgym/AllReduce-v0", workload="mlp-digits", world_size=2, steps_per_decision=2,
+        "commgym/AllReduce-v1", workload="mlp-digits", world_size=2, steps_per_decision=2,
         time_budget_s=60, max_decisions=3, target_loss=1.0, action_menu=menu,
     )  # fmt: skip
     try:

@@ -1,4 +1,4 @@
-"""An SB3 agent on the real commgym/AllReduce-v0 (2 gloo ranks on CPU)."""
+"""An SB3 agent on the real commgym/AllReduce-v1 (2 gloo ranks on CPU)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from commgym.agents import load_agent, make_agent
 
 def test_ppo_learns_and_predicts_on_real_env(tmp_path):
     env = gym.make(
-        "commgym/AllReduce-v0",
+        "commgym/AllReduce-v1",
         workload="mlp-digits",
         world_size=2,
         steps_per_decision=2,

@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from commgym.agents.scheduler import (
     resolve_policy,
 )
 from commgym.env.measure import DecisionMeasurement
-from commgym.env.spaces import ActionMenu, ObservationBuilder
+from commgym.env.spaces import OBSERVATION_FIELDS, ActionMenu, ObservationBuilder
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "experiments" / "examples" / "train_with_scheduler.py"
@@ -230,7 +231,7 @@ def _policy_trained_with_budget(path: Path, budget_s: float) -> Path:
 
     from commgym.env import EnvConfig
 
-    env = gym.make("commgym/AllReduce-v0", config=EnvConfig(time_budget_s=budget_s))
+    env = gym.make("commgym/AllReduce-v1", config=EnvConfig(time_budget_s=budget_s))
     try:
         return StaticAgent(env, preset="int8/4MB/H1").save(path)
     finally:
@@ -260,3 +261,111 @@ def test_policy_file_records_its_budget_and_the_scheduler_warns_when_it_differs(
     assert "time_budget_s=600 s" in budget[0]
     for same in dist2.run(rank_budget_warnings, path, 2.0):
         assert not [m for m in same if "training-time budget" in m]
+
+
+def rank_oracle_adaptive_refused(rank, world):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        CommScheduler(model, opt, "oracle-adaptive", time_budget_s=1.0)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def test_a_bound_in_hindsight_cannot_steer_a_job(dist2):
+    for msg in dist2.run(rank_oracle_adaptive_refused):
+        assert msg is not None and "hindsight" in msg and "for_seed" in msg, msg
+
+
+class _FailingPolicy(StaticAgent):
+    """A policy whose third answer raises (a bug in a user's agent)."""
+
+    def __init__(self, env):
+        super().__init__(env, preset="none/25MB/H1")
+        self.calls = 0
+
+    def _act(self, obs, state, deterministic):
+        self.calls += 1
+        if self.calls == 3:
+            raise KeyError("a bug in the policy")
+        return super()._act(obs, state, deterministic)
+
+
+def rank_policy_raises(rank, world):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = _FailingPolicy(LayoutEnv(ActionMenu()))
+    # a short collective timeout: a rank left waiting would raise CollectiveTimeout instead
+    sched = CommScheduler(model, opt, policy, decision_every=1, time_budget_s=1.0, timeout_s=20.0)
+    try:
+        for _ in range(6):
+            model(torch.randn(4, 8)).sum().backward()
+            sched.step()
+            opt.zero_grad()
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    finally:
+        sched.close()
+    return "did not raise"
+
+
+def test_a_policy_that_raises_stops_every_rank_at_the_same_decision(dist2):
+    rank0, rank1 = dist2.run(rank_policy_raises)
+    assert rank0.startswith("KeyError") and "a bug in the policy" in rank0, rank0
+    assert rank1.startswith("RuntimeError") and "raised in predict on rank 0" in rank1, rank1
+
+
+def rank_probe(rank, world, trained_on, probe_bytes):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = StaticAgent(LayoutEnv(ActionMenu()), preset="none/25MB/H1")
+    policy.trained_on = trained_on
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sched = CommScheduler(
+            model, opt, policy, decision_every=2, time_budget_s=1.0, probe_bytes=probe_bytes
+        )
+    for _ in range(4):
+        model(torch.randn(4, 8)).sum().backward()
+        sched.step()
+        opt.zero_grad()
+    sched.close()
+    probe_field = [f.name for f in OBSERVATION_FIELDS].index("log10_probe_gbps")
+    return {
+        "probe_bytes": sched.probe_bytes,
+        "measured": [(r.measured["probe_bytes"], r.measured["probe_s"]) for r in sched.records],
+        "obs": [r.observation[probe_field] for r in sched.records],
+        "warnings": [str(w.message) for w in caught],
+    }
+
+
+def test_replay_runs_the_probe_the_policy_was_trained_with(dist2):
+    facts = {"num_params": 212, "steps_per_decision": 2, "probe_bytes": 4096}
+    for res in dist2.run(rank_probe, facts, None):
+        assert res["probe_bytes"] == 4096
+        assert [b for b, _ in res["measured"]] == [4096, 4096]
+        assert all(s > 0 for _, s in res["measured"]) and all(o != 0 for o in res["obs"])
+    for res in dist2.run(rank_probe, facts, 0):  # explicitly off
+        assert res["measured"] == [(0, 0.0), (0, 0.0)] and res["obs"] == [0.0, 0.0]
+
+
+def test_replay_warns_about_a_policy_trained_with_privileged_fields(dist2):
+    facts = {"num_params": 212, "steps_per_decision": 2, "privileged_obs": True}
+    rank0, _ = dist2.run(rank_probe, facts, None)
+    assert any("privileged" in w for w in rank0["warnings"]), rank0["warnings"]
+
+
+def rank_bad_probe(rank, world):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        CommScheduler(model, opt, "static:ddp-default", probe_bytes=-1)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def test_a_negative_probe_is_refused_on_every_rank(dist2):
+    for msg in dist2.run(rank_bad_probe):
+        assert msg is not None and "probe_bytes must be an int >= 0" in msg and "-1" in msg

@@ -33,17 +33,23 @@ _FIELD = {f.name: i for i, f in enumerate(OBSERVATION_FIELDS)}
 #: Fields measured with a clock: they differ between two runs of the same job.
 CLOCK_FIELDS = ("step_time_s", "comm_wait_frac", "compress_s", "bandwidth_gbps")
 #: Every agent name make_agent accepts, with the agent-specific settings the test uses.
-NAMES = [n for n in agent_names() if n != "static"] + ["static:int8/4MB/H2"]
+#: (``oracle-adaptive`` is left out: it does not act, and CommScheduler refuses it.)
+NAMES = [n for n in agent_names() if n != "static" and AGENTS.get(n, Agent).acts] + [
+    "static:int8/4MB/H2"
+]
 #: Agents that learn before acting (their learned statistics travel too).
 LEARNED = ("grid", "bayesopt", "bandit")
 
 
 def test_every_registered_agent_is_covered():
-    assert set(AGENTS) - {"static"} <= set(NAMES)
+    silent = {n for n, cls in AGENTS.items() if not cls.acts}
+    assert silent == {"oracle-adaptive"}
+    assert set(AGENTS) - {"static"} - silent <= set(NAMES)
 
 
 def _agent(name: str, *, env: Any = None, seed: int = 3) -> Agent:
-    """The agent as CommScheduler gets it: oracle-static with a ranking, some learned."""
+    """The agent as CommScheduler gets it: oracle-static with a ranking, rollout-table with
+    a table, some learned."""
     env = env if env is not None else LayoutEnv(MENU)
     kwargs: dict[str, Any] = {}
     if name == "bayesopt":
@@ -57,6 +63,20 @@ def _agent(name: str, *, env: Any = None, seed: int = 3) -> Agent:
                 "search_cost_s": 1.0,
                 "search_decisions": 1,
                 "search_train_time_s": 1.0,
+            }
+        )
+    if name == "rollout-table":
+        from commgym.agents.rollout_table import CONDITION_FIELDS
+
+        k = len(CONDITION_FIELDS)
+        agent.set_state(
+            {
+                "table": {"fast": "none/25MB/H1", "slow": "int8/4MB/H2"},
+                "first": "int8/4MB/H2",
+                "centres": {"fast": [0.8] * k, "slow": [0.2] * k},
+                "scale": [1.0] * k,
+                "cost_s": 1.0,
+                "cost_decisions": 1,
             }
         )
     return agent

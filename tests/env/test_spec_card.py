@@ -54,6 +54,7 @@ def _measurement(**kw) -> DecisionMeasurement:
         comm_wait_s=0.001, compress_s=0.0003, comm_s=0.004, bytes_per_step=1e5,
         bytes_total=5e5, train_loss=1.5, eval_loss=1.2, eval_acc=0.5, eval_s=0.001,
         grad_norm=2.0, compression_error=0.25, nonfinite=False, samples=320, steps=5,
+        probe_s=0.002, probe_bytes=65536,
     )  # fmt: skip
     return DecisionMeasurement(**{**base, **kw})
 
@@ -63,7 +64,7 @@ def test_builder_fills_each_field_by_name():
     builder = ObservationBuilder(menu, 4, 26122)
     builder.reset(2.0, np.array([1, 2, 0]))
     m = _measurement()
-    obs = builder.build(m, np.array([2, 1, 2]), 0.25)
+    obs = builder.build(m, np.array([2, 1, 2]), 0.25, link_gbps=0.02, straggler_ms=12.5)
     by_name = dict(zip([f.name for f in OBSERVATION_FIELDS], obs.tolist(), strict=True))
     expected = {
         "step_time_s": 0.004,
@@ -83,6 +84,10 @@ def test_builder_fills_each_field_by_name():
         "elapsed_frac": 0.25,
         "world_size": 4.0,
         "log10_num_params": math.log10(26122),
+        # bus bandwidth of the probe: bytes * 2(W-1)/W * 8 / t, W = 4
+        "log10_probe_gbps": math.log10(65536 * 1.5 * 8 / 0.002 / 1e9),
+        "log10_link_gbps": math.log10(0.02),
+        "straggler_ms": 12.5,
     }
     assert set(by_name) == set(expected)
     for name, value in expected.items():
@@ -90,4 +95,14 @@ def test_builder_fills_each_field_by_name():
     # the dict form that info["measured"] carries builds the same observation
     again = ObservationBuilder(menu, 4, 26122)
     again.reset(2.0, np.array([1, 2, 0]))
-    np.testing.assert_array_equal(again.build(m.to_dict(), np.array([2, 1, 2]), 0.25), obs)
+    np.testing.assert_array_equal(
+        again.build(m.to_dict(), np.array([2, 1, 2]), 0.25, link_gbps=0.02, straggler_ms=12.5),
+        obs,
+    )
+    # without a probe or the privileged values those fields are 0
+    plain = ObservationBuilder(menu, 4, 26122)
+    plain.reset(2.0, np.array([1, 2, 0]))
+    quiet = dict(zip([f.name for f in OBSERVATION_FIELDS],
+                     plain.build(_measurement(probe_s=0.0, probe_bytes=0), np.array([2, 1, 2]),
+                                 0.25).tolist(), strict=True))  # fmt: skip
+    assert quiet["log10_probe_gbps"] == quiet["log10_link_gbps"] == quiet["straggler_ms"] == 0

@@ -1,4 +1,4 @@
-"""commgym/Surrogate-v0: prior, fit, env contract, throughput, and MAPE on real ranks."""
+"""commgym/Surrogate-v1: prior, fit, env contract, throughput, and MAPE on real ranks."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_save_load_roundtrip(model, tmp_path):
 
 def test_same_spaces_as_real_env_and_gymnasium_contract(model, tmp_path):
     path = model.save(tmp_path / "m.joblib")
-    env = gym.make("commgym/Surrogate-v0", model_path=str(path), time_budget_s=0.5)
+    env = gym.make("commgym/Surrogate-v1", model_path=str(path), time_budget_s=0.5)
     ref = ObservationBuilder(MENU, 2, 26122).space
     assert env.observation_space == ref
     assert env.action_space == gym.spaces.MultiDiscrete(MENU.nvec)
@@ -186,7 +186,7 @@ def test_throughput_over_10k_steps_per_second(model):
 
 
 class _FakeEnv(gym.Env):
-    """Minimal env with AllReduce-v0's info shape."""
+    """Minimal env with AllReduce-v1's info shape."""
 
     def __init__(self):
         self.observation_space = ObservationBuilder(MENU, 2, 10).space
@@ -244,7 +244,7 @@ REAL_DATA_TIMEOUT = pytest.mark.timeout(1800)
 
 @pytest.fixture(scope="module")
 def real_env():
-    env = gym.make("commgym/AllReduce-v0", **SCENARIO)
+    env = gym.make("commgym/AllReduce-v1", **SCENARIO)
     yield env
     env.close()
 
@@ -382,7 +382,7 @@ def _ppo_on_surrogate(real_model):
     from commgym.agents import make_agent
 
     _, path = real_model
-    sim = gym.make("commgym/Surrogate-v0", model_path=str(path), **SCENARIO)
+    sim = gym.make("commgym/Surrogate-v1", model_path=str(path), **SCENARIO)
     t0 = time.perf_counter()
     ppo = make_agent("ppo", sim, seed=0, n_steps=256, batch_size=64, n_epochs=4).learn(20000)
     return sim, ppo, time.perf_counter() - t0

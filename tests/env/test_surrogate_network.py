@@ -1,4 +1,4 @@
-"""The network-aware surrogate: rate-scaled prior, recorded rate, network= in Surrogate-v0."""
+"""The network-aware surrogate: rate-scaled prior, recorded rate, network= in Surrogate-v1."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ _NET_OK, _NET_WHY = netem_available()
 def test_rate_column_recorded_from_a_real_shaped_run(tmp_path):
     # 1 Gbit/s until a microsecond of training has passed, then 100 Mbit/s
     env = gym.make(
-        "commgym/AllReduce-v0", workload="mlp-digits", world_size=2, steps_per_decision=2,
+        "commgym/AllReduce-v1", workload="mlp-digits", world_size=2, steps_per_decision=2,
         time_budget_s=1e9, network=[[0, "1gbit"], [1e-6, "100mbit"]],
     )  # fmt: skip
     rec = TransitionRecorder(env, tmp_path / "t.csv")
@@ -183,7 +183,7 @@ def test_rate_column_recorded_from_a_real_shaped_run(tmp_path):
     assert df["link_rate_gbps"].tolist() == pytest.approx([1.0, 0.1, 0.1])
 
 
-# -- Surrogate-v0 on a changing link --------------------------------------------------
+# -- Surrogate-v1 on a changing link --------------------------------------------------
 def _run(env, action, decisions):
     rows = []
     for _ in range(decisions):
@@ -297,7 +297,7 @@ def test_real_held_out_rate_and_seed_targets(tmp_path):
         "network_strict": False,
         "network": {"profiles": ["100mbit", "250mbit", "500mbit", "1gbit"]},
     }  # fmt: skip
-    env = gym.make("commgym/AllReduce-v0", **scenario)
+    env = gym.make("commgym/AllReduce-v1", **scenario)
     try:
         path, bench, _ = record_dataset(env, tmp_path / "t.csv", 600, "sticky", seed=10)
     finally:

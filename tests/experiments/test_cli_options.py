@@ -185,7 +185,7 @@ def test_the_env_config_is_built_once_per_path(monkeypatch):
     post_init = EnvConfig.__post_init__
     monkeypatch.setattr(EnvConfig, "__post_init__", lambda self: (built.append(1), post_init(self)))
     cfg = load_run_config("smoke", {"env.world_size": 3, "env.network_strict": False})
-    env = gym.make("commgym/AllReduce-v0", config=cfg.env_config)
+    env = gym.make("commgym/AllReduce-v1", config=cfg.env_config)
     try:
         assert env.unwrapped.config is cfg.env_config
     finally:

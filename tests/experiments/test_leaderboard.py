@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 from commgym.experiments.leaderboard import read_leaderboard_csv
 from tests.experiments.cli_helpers import cli, cli_ok
 
-AGENTS = ["ppo", "autotune", "oracle-static", "static:ddp-default", "bandit"]
+AGENTS = ["ppo", "autotune", "oracle-static", "oracle-adaptive", "static:ddp-default", "bandit"]
 SEEDS = 2
 
 #: A scenario small enough for CI: 2 ranks on loopback, a 4-entry menu, 3 decisions.
@@ -31,6 +31,8 @@ TINY = {
         "max_decisions": 3,
         "reward": "time_to_target",
         "target_loss": 2.2,
+        # straggler jitter from 0.1 s on: two phases for oracle-adaptive to search
+        "stragglers": [[0, "off"], [0.1, "5ms"]],
         "action_menu": {
             "compression": ["none", "fp16"],
             "bucket_mb": [25.0],
@@ -46,8 +48,9 @@ def board(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lb")
     (tmp / "tiny.yaml").write_text(yaml.safe_dump(TINY))
     uri = f"sqlite:///{tmp}/mlflow.db"
-    args = ["leaderboard", "--scenarios", str(tmp / "tiny.yaml"), "--agents", ",".join(AGENTS),
-            "--seeds", str(SEEDS), "--tracking-uri", uri, "--output-dir", str(tmp / "out")]  # fmt: skip
+    args = ["leaderboard", "--scenarios", str(tmp / "tiny.yaml"), "--agents",
+            ",".join(AGENTS), "--seeds", str(SEEDS), "--tracking-uri", uri,
+            "--output-dir", str(tmp / "out")]  # fmt: skip
     out = cli_ok(args, tmp, timeout_s=900)
     return tmp, uri, out, args
 
@@ -75,6 +78,14 @@ def test_table_lists_every_agent_with_speedups_and_costs(board):
     assert by_agent["static:ddp-default"]["cost_real_decisions"] == 0
     md = (tmp / "out" / "leaderboard.md").read_text()
     assert "| ppo (learned) |" in md and "(oracle)" in md and "vs autotune" in md
+    assert "Strongest non-oracle baseline: `" in md and "Adaptation:" in md
+    report = json.loads((tmp / "out" / "headroom-tiny.json").read_text())
+    assert report["seeds"] == [1000, 1001] and report["strongest_baseline"] in AGENTS
+    assert set(report["captured"]) == {a for a in AGENTS if not a.startswith("oracle")}
+    h = report["headroom"]
+    assert h["n"] == SEEDS and h["low"] <= h["value"] <= h["high"]
+    # every agent's decisions are tabled by the condition they ran under
+    assert {c.split(", stragglers ")[1] for c in report["actions"]["ppo"]} <= {"off", "5ms"}
     assert "time to target" in out and "oracle-static (oracle)" in out
 
 
@@ -85,6 +96,9 @@ def test_figures_and_oracle_ranking_are_written(board):
         assert (tmp / "out" / "tiny" / f"timeline-{agent}.png").stat().st_size > 5000
     ranking = (tmp / "out" / "tiny" / "static-entries-tiny.csv").read_text().splitlines()
     assert len(ranking) == 1 + 4  # header + every menu entry
+    schedules = json.loads((tmp / "out" / "tiny" / "adaptive-schedules-tiny.json").read_text())
+    assert [s["seed"] for s in schedules["seeds"]] == [1000, 1001]
+    assert schedules["base"] in {"none/25MB/H1", "none/25MB/H2", "fp16/25MB/H1", "fp16/25MB/H2"}
 
 
 def test_mlflow_parent_and_one_child_per_episode(board):
@@ -111,7 +125,7 @@ def test_mlflow_parent_and_one_child_per_episode(board):
 
 
 def test_policy_dir_loads_the_saved_policy_instead_of_training(board):
-    tmp, uri, _, args = board
+    tmp, _uri, _, args = board
     cost = json.loads((tmp / "out" / "tiny" / "ppo" / "policy.cost.json").read_text())
     again = [*args[:-1], str(tmp / "out2")]
     again[again.index("--agents") + 1] = "ppo,static:ddp-default"

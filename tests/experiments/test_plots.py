@@ -110,7 +110,7 @@ def test_timeline_all_seeds_target_and_bandwidth_from_episode_rows():
     from commgym.env.measure import effective_bandwidth_gbps
 
     env = gym.make(
-        "commgym/AllReduce-v0", workload="mlp-digits", world_size=2, steps_per_decision=2,
+        "commgym/AllReduce-v1", workload="mlp-digits", world_size=2, steps_per_decision=2,
         time_budget_s=0.3, max_decisions=3,
     )  # fmt: skip
     try:

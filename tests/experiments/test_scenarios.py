@@ -26,7 +26,7 @@ def test_scenario_runs_two_decisions(scenario):
     # rate-only specs: these scenarios run on a kernel without sch_netem
     specs = list(env_cfg.network_plan.specs)
     assert all(not s.has_impairments for s in specs), specs
-    env = gym.make("commgym/AllReduce-v0", config=env_cfg)
+    env = gym.make("commgym/AllReduce-v1", config=env_cfg)
     try:
         agent = make_agent("static:ddp-default", env)
         obs, info = env.reset(seed=cfg.eval_seed)

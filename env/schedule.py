@@ -1,0 +1,155 @@
+"""Conditions that change over an episode's training time: fixed, scheduled or drawn per episode.
+
+One form for every condition a scenario varies (the link's rate, straggler jitter):
+
+* a single value (``"100mbit"``, ``"40ms"``): constant;
+* a schedule ``[[elapsed_training_s, value], ...]`` (``{"schedule": [...], "shift_s": s}``
+  moves every switch after the first by a seeded uniform shift in ``[-s, s]`` per episode);
+* ``{"profiles": [value, ...]}``: one value per episode, drawn from the episode seed.
+
+:class:`Condition` parses these once; :meth:`Condition.for_episode` gives the episode's
+piecewise-constant :class:`Phases`, which the real env, the surrogate and the oracles read.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Condition", "Phases"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Phases(Generic[T]):
+    """A piecewise-constant value over elapsed training time (one episode's).
+
+    Attributes:
+        entries: ``(start_s, value)`` pairs, strictly increasing, the first at 0.
+    """
+
+    entries: tuple[tuple[float, T], ...]
+
+    def value_at(self, elapsed_s: float) -> T:
+        """The value in force after ``elapsed_s`` seconds of training."""
+        times = [t for t, _ in self.entries]
+        return self.entries[bisect.bisect_right(times, max(0.0, elapsed_s)) - 1][1]
+
+    @property
+    def boundaries(self) -> tuple[float, ...]:
+        """Training times (s) at which the value switches (the first entry's 0 excluded)."""
+        return tuple(t for t, _ in self.entries[1:])
+
+
+@dataclass(frozen=True)
+class Condition(Generic[T]):
+    """A condition of a scenario in one of its three forms (see the module docstring).
+
+    Attributes:
+        kind: ``"fixed"``, ``"schedule"`` or ``"profiles"``.
+        entries: fixed: one ``(0, value)``; schedule: ``(start_s, value)`` pairs;
+            profiles: ``(index, value)`` pairs, one per profile.
+        shift_s: schedule only: bound of each switch's seeded shift, seconds.
+        name: what the condition is called in error messages (``"network"``).
+    """
+
+    kind: str
+    entries: tuple[tuple[float, T], ...]
+    shift_s: float = 0.0
+    name: str = "condition"
+
+    def __post_init__(self) -> None:
+        if not self.entries:
+            raise ValueError(f"{self.name} needs at least one entry")
+        if self.kind != "schedule":
+            return
+        times = [t for t, _ in self.entries]
+        if times[0] != 0:
+            raise ValueError(f"a {self.name} schedule must start at 0 s, got {times[0]}")
+        for prev, cur in itertools.pairwise(times):
+            if not cur > prev:
+                raise ValueError(f"{self.name} schedule times must strictly increase: {times}")
+        shift = self.shift_s
+        if isinstance(shift, bool) or not isinstance(shift, int | float) or not shift >= 0:
+            raise ValueError(f"{self.name} schedule shift_s must be a number >= 0, got {shift!r}")
+        gaps = [cur - prev for prev, cur in itertools.pairwise(times)]
+        if shift and gaps and 2 * shift >= min(gaps):
+            raise ValueError(
+                f"{self.name} schedule shift_s={shift} must be below half the shortest gap "
+                f"between switches ({min(gaps)} s in {times}), so shifted switches keep order"
+            )
+
+    @classmethod
+    def parse(cls, value: Any, parse_value: Callable[[Any], T], name: str) -> Condition[T]:
+        """Validates one of the three forms; each value goes through ``parse_value``.
+
+        Raises:
+            ValueError: a malformed form or value (the message names ``name``).
+        """
+        if isinstance(value, dict):
+            keys = set(value)
+            if keys not in ({"profiles"}, {"schedule"}, {"schedule", "shift_s"}):
+                raise ValueError(
+                    f"{name} dict must be {{'profiles': [...]}} or {{'schedule': [[t, value], "
+                    f"...]}} with an optional 'shift_s' (seconds) next to 'schedule', got "
+                    f"{value!r}"
+                )
+            if "profiles" in value:
+                profiles = [parse_value(p) for p in value["profiles"]]
+                if not profiles:
+                    raise ValueError(f"{name} profiles must not be empty")
+                return cls("profiles", tuple(enumerate(profiles)), name=name)  # type: ignore[arg-type]
+            return cls._schedule(value["schedule"], value.get("shift_s", 0.0), parse_value, name)
+        if isinstance(value, list | tuple):
+            return cls._schedule(value, 0.0, parse_value, name)
+        return cls("fixed", ((0.0, parse_value(value)),), name=name)
+
+    @classmethod
+    def _schedule(
+        cls, items: Any, shift_s: Any, parse_value: Callable[[Any], T], name: str
+    ) -> Condition[T]:
+        entries = []
+        for item in items:
+            try:
+                t, v = item
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"{name} schedule entries must be (seconds, value) pairs, got {item!r}"
+                ) from None
+            if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+                raise ValueError(f"{name} schedule time must be a finite number, got {t!r}")
+            if t < 0:
+                raise ValueError(f"{name} schedule time must be >= 0, got {t!r}")
+            entries.append((float(t), parse_value(v)))
+        if isinstance(shift_s, int | float) and not isinstance(shift_s, bool):
+            shift_s = float(shift_s)  # anything else is refused, not converted, below
+        return cls("schedule", tuple(entries), shift_s, name)
+
+    @property
+    def values(self) -> list[T]:
+        """Every value the condition can take, in order."""
+        return [v for _, v in self.entries]
+
+    def for_episode(self, seed: int | None) -> Phases[T]:
+        """The episode's phases: a profile drawn, or the schedule's switches shifted.
+
+        Args:
+            seed: the episode seed; the same seed always gives the same phases.
+        """
+        if self.kind == "fixed":
+            return Phases(self.entries)
+        if self.kind == "profiles":
+            return Phases(((0.0, random.Random(seed).choice(self.values)),))
+        if not self.shift_s:
+            return Phases(self.entries)
+        rng = random.Random(seed)
+        moved = [self.entries[0]]
+        for t, v in self.entries[1:]:
+            moved.append((round(t + rng.uniform(-self.shift_s, self.shift_s), 3), v))
+        return Phases(tuple(moved))
