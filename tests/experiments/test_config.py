@@ -60,11 +60,13 @@ def test_unknown_override_is_refused():
 
 
 # -- a scenario's agent settings are its own agent's ---------------------------------------
-def _names() -> list[str]:
-    """Every name ``--agent`` takes: the registry, static presets and a static menu entry."""
+def _names(scenario: str) -> list[str]:
+    """Every name ``--agent`` takes: the registry, static presets and a static menu entry
+    (the scenario's last)."""
     from commgym.agents import agent_names
 
-    return [*agent_names(), "static:int8/25MB/H4"]
+    menu = load_run_config(scenario).env_config.menu
+    return [*agent_names(), f"static:{menu.decode(menu.nvec - 1)}"]
 
 
 @pytest.mark.parametrize("scenario", shipped_configs())
@@ -73,7 +75,7 @@ def test_every_agent_resolves_in_every_shipped_scenario(scenario):
     from commgym.experiments.config import can_fine_tune
     from commgym.experiments.evaluation import build_agent
 
-    for name in _names():
+    for name in _names(scenario):
         cfg = load_run_config(scenario, {"agent": name})
         # only its own hyperparameters, and its constructor takes them
         assert set(cfg.agent_hyperparams) <= set(cfg.agent_kwargs.get(name, {}))
