@@ -221,6 +221,10 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         "commgym bench surrogate --surrogate commgym-out/surrogate.joblib"
     ),
     "commgym bench collectives": Run("--sizes-kb 4,64 --repeats 1"),
+    "python -m pytest -m expensive tests/agents/test_fuzz_training_loops.py": NotInCI(
+        "the fuzzer's long budget (COMMGYM_FUZZ_EXAMPLES fresh loops per property, tens of "
+        "minutes); the default suite runs its fixed examples"
+    ),
     "python -m pytest -m expensive tests/env/test_surrogate.py": NotInCI(
         "the expensive tests: timing targets that need an otherwise idle machine and minutes; "
         "the default suite deselects them by design"
