@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import importlib.util
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -13,11 +14,15 @@ import yaml
 __all__ = [
     "CLI_FIELDS",
     "CONFIG_DIR",
+    "EXECUTORS",
     "CliField",
     "RunConfig",
     "load_run_config",
     "shipped_configs",
 ]
+
+#: Where real episodes run (``RunConfig.executor``): embedded in this process, or on Ray.
+EXECUTORS = ("local", "ray")
 
 #: Folder of the scenario files shipped with commgym (see :func:`shipped_configs`).
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -59,6 +64,15 @@ class RunConfig:
         fine_tune_episodes: after learning on the surrogate, episodes of fine-tuning on
             real ranks (SB3 agents; the sim-to-real recipe, 0 to 10; 0: none). Their
             real decisions count in the agent's training cost.
+        executor: where real episodes run: ``"local"`` (embedded: this process's env, one
+            episode after another) or ``"ray"`` (env actors on a Ray cluster, independent
+            episodes in parallel; :mod:`commgym.experiments.executor`, needs the
+            ``commgym[ray]`` extra).
+        ray_address: the Ray cluster of ``executor="ray"``, as ``ray.init`` takes it
+            (``"auto"``, ``HOST:PORT``, ``ray://HOST:PORT``); ``None``: ``$RAY_ADDRESS``,
+            else a local Ray instance started on 127.0.0.1 for this run.
+        ray_envs: env actors of ``executor="ray"`` (``None``: as many as the cluster's
+            CPUs hold, each reserving ``world_size x threads_per_rank``).
     """
 
     agent: str = "ppo"
@@ -80,6 +94,9 @@ class RunConfig:
     tuning_decisions: int | None = None
     fine_tune_episodes: int = 0
     baseline_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    executor: str = "local"
+    ray_address: str | None = None
+    ray_envs: int | None = None
 
     def __post_init__(self) -> None:
         if self.env_kind not in ("real", "surrogate"):
@@ -110,6 +127,7 @@ class RunConfig:
             )
         if not isinstance(self.env, dict):
             raise ValueError(f"env must be a mapping of EnvConfig fields, got {self.env!r}")
+        self._check_executor()
         if isinstance(self.baselines, str):
             self.baselines = [b.strip() for b in self.baselines.split(",") if b.strip()]
         from commgym.agents import AGENTS
@@ -123,6 +141,22 @@ class RunConfig:
                 close = difflib.get_close_matches(base, sorted(AGENTS), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ValueError(f"unknown agent {name!r}; known: {sorted(AGENTS)}.{hint}")
+
+    def _check_executor(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {list(EXECUTORS)}, got {self.executor!r}")
+        envs = self.ray_envs
+        if envs is not None and (isinstance(envs, bool) or not isinstance(envs, int) or envs < 1):
+            raise ValueError(f"ray_envs must be an integer >= 1, got {envs!r}")
+        if self.executor == "local" and (self.ray_address is not None or envs is not None):
+            raise ValueError(
+                f"ray_address={self.ray_address!r} / ray_envs={envs!r} take effect with "
+                "executor 'ray' only (--executor ray)"
+            )
+        if self.executor == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError(
+                "executor 'ray' needs Ray, which is not installed: pip install 'commgym[ray]'"
+            )
 
     @property
     def resolved_tuning_decisions(self) -> int:
@@ -231,6 +265,22 @@ CLI_FIELDS: dict[str, CliField] = {
     "env.max_decisions": CliField("Cap on decisions per episode (truncates).", min=1),
     "fine_tune_episodes": CliField(
         "Real episodes of fine-tuning after learning on the surrogate (0-10).", min=0
+    ),
+    "executor": CliField(
+        "Where real episodes run: 'local' (embedded, one after another) or 'ray' (env "
+        "actors on a Ray cluster, independent episodes in parallel; needs "
+        "pip install 'commgym[ray]')."
+    ),
+    "ray_address": CliField(
+        "Ray cluster of --executor ray: auto (the running one), HOST:PORT or "
+        "ray://HOST:PORT (default: $RAY_ADDRESS, else a local Ray instance on 127.0.0.1).",
+        show_default=False,
+    ),
+    "ray_envs": CliField(
+        "Env actors of --executor ray (default: as many as the cluster's CPUs hold, each "
+        "reserving world size x threads per rank).",
+        min=1,
+        show_default=False,
     ),
 }
 

@@ -1,0 +1,480 @@
+"""Where real episodes run: embedded in this process, or on env actors of a Ray cluster.
+
+``--executor local`` (the default) is the embedded path every command has always taken:
+one env in this process, its ranks on this machine, one episode after another. With
+``--executor ray [--ray-address ADDR]`` (:class:`RayExecutor`) the independent cells of a
+command (an agent's episode on one seed, an oracle's menu entry on one seed, a baseline's
+tuning, a stream of recorded decisions) run in parallel on env actors
+(:class:`~commgym.agents.ray_env.EnvActors`: one ``commgym/AllReduce-v0`` env per actor,
+its ranks' CPUs reserved, placed with ``STRICT_PACK``). Each episode cell runs THE rollout
+(:func:`~commgym.agents.rollout.rollout`) and sends back its
+:class:`~commgym.agents.rollout.Episode` with what the env reported at every step, so the
+driver, the only writer, logs the same MLflow child runs, CSVs, tables and figures as the
+local path, in the same order. Placement and queueing are Ray's (placement groups; the
+actors pick up the next cell as they finish); nothing here schedules beyond keeping every
+actor busy.
+
+An agent travels to the actors as its policy file (``Agent.save``): every cell loads it
+afresh, so each (agent, seed) cell plays from the agent's state as prepared, whichever
+actor runs it. Agents whose state moves from episode to episode (``random``: its
+generator continues in the local path) therefore play other draws on Ray; deterministic
+agents (static presets, learned policies, tuned baselines) play the same episodes.
+
+Faults: an actor (or its node) that dies inside an episode makes that episode a failure
+(``reason == "failure"``, ``final_info["failure"]`` says why) and the sweep goes on, on
+the actor Ray restarts (it first kills what its dead incarnation left, see
+:class:`~commgym.agents.ray_env.EnvRunner`); an actor that cannot come back is dropped
+and its node cleaned by the driver. Leaving the executor on Ctrl-C or SIGTERM kills every
+actor at once and cleans every node it used (:func:`~commgym.agents.ray_env.cleanup_nodes`);
+a local Ray instance started for the run is shut down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from commgym.agents.ray_env import EnvActors, actor_resources, cleanup_nodes, import_ray
+from commgym.agents.rollout import Episode, rollout
+
+__all__ = [
+    "PlayedEpisode",
+    "RayExecutor",
+    "concat_streams",
+    "failed_episode",
+    "load_policy",
+    "open_executor",
+    "play_episode",
+    "policy_bytes",
+    "record_stream",
+    "tune_agent",
+]
+
+#: Set to "0" for a local Ray instance: it then binds and advertises 127.0.0.1 only.
+LOOPBACK_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+#: Seconds a dead actor gets to come back (Ray restarts it) before it is dropped.
+RESTART_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class PlayedEpisode:
+    """One episode played by an env actor, with what the driver needs to log it.
+
+    Attributes:
+        episode: the rollout's record (``reason == "failure"`` when the actor died).
+        transitions: per ``env.step``: ``(action, reward, terminated, truncated, info)``,
+            what :class:`~commgym.experiments.tracking.TrackingWrapper` logs.
+        node_id: the Ray node the episode ran on.
+        actor: the env actor's tag.
+        actor_s: wall seconds inside the actor (policy loaded, rollout played).
+        wall_s: wall seconds from the driver's submission to the result.
+    """
+
+    episode: Episode
+    transitions: list[tuple[Any, float, bool, bool, dict[str, Any]]] = field(repr=False)
+    node_id: str
+    actor: str
+    actor_s: float
+    wall_s: float = math.nan
+
+
+def policy_bytes(agent: Any) -> bytes:
+    """The agent's policy file (``agent.save``), as bytes to send to an actor."""
+    with tempfile.TemporaryDirectory(prefix="commgym-policy-") as tmp:
+        return Path(agent.save(Path(tmp) / "policy.zip")).read_bytes()
+
+
+def load_policy(env: Any, policy: bytes) -> Any:
+    """The agent of a policy file's bytes (:func:`policy_bytes`), acting in ``env``."""
+    from commgym.agents import load_agent
+
+    with tempfile.TemporaryDirectory(prefix="commgym-policy-") as tmp:
+        path = Path(tmp) / "policy.zip"
+        path.write_bytes(policy)
+        return load_agent(path, env=env)
+
+
+def _node_id() -> str:
+    return import_ray().get_runtime_context().get_node_id()
+
+
+def play_episode(
+    env: Any, policy: bytes, seed: int, target_loss: float | None, tag: str = ""
+) -> PlayedEpisode:
+    """An episode cell (runs in an env actor): load the policy, play THE rollout.
+
+    Args:
+        env: the actor's env.
+        policy: the agent's policy file (:func:`policy_bytes`).
+        seed: the episode's seed.
+        target_loss: passed to the rollout.
+        tag: the actor's tag, echoed in the result.
+    """
+    t0 = time.perf_counter()
+    agent = load_policy(env, policy)
+    steps: list[tuple[Any, float, bool, bool, dict[str, Any]]] = []
+
+    def keep(step: dict[str, Any]) -> None:
+        steps.append(
+            (step["action"], step["reward"], step["terminated"], step["truncated"], step["info"])
+        )
+
+    episode = rollout(env, agent, seed, target_loss=target_loss, on_step=keep)
+    return PlayedEpisode(episode, steps, _node_id(), tag, time.perf_counter() - t0)
+
+
+def failed_episode(seed: int | None, why: str) -> Episode:
+    """The record of an episode lost with its actor or node: ``reason == "failure"``."""
+    return Episode(
+        seed=seed,
+        decisions=0,
+        train_time_s=0.0,
+        time_to_target_s=None,
+        final_eval_loss=math.nan,
+        final_eval_acc=math.nan,
+        bytes_per_step=0.0,
+        episode_return=0.0,
+        reason="failure",
+        final_info={"failure": why, "reason": "failure"},
+    )
+
+
+def tune_agent(env: Any, name: str, kwargs: dict[str, Any], decisions: int) -> tuple[bytes, float]:
+    """A tuning cell (runs in an env actor): build ``name``, learn ``decisions`` real decisions.
+
+    Returns:
+        ``(policy file bytes, tuning wall seconds)``.
+    """
+    from commgym.agents import make_agent
+
+    agent = make_agent(name, env, **kwargs)
+    t0 = time.perf_counter()
+    agent.learn(decisions)
+    return policy_bytes(agent), time.perf_counter() - t0
+
+
+def record_stream(
+    env: Any, decisions: int, policy: str, seed: int, bench: bool
+) -> tuple[str, str | None, float]:
+    """A recording cell (runs in an env actor): :func:`~commgym.experiments.collect.record_dataset`.
+
+    Returns:
+        ``(transitions CSV text, collective timings JSON text or None, seconds)``.
+    """
+    from commgym.experiments.collect import record_dataset
+
+    with tempfile.TemporaryDirectory(prefix="commgym-record-") as tmp:
+        path, bench_path, secs = record_dataset(
+            env, Path(tmp) / "transitions.csv", decisions, policy, seed, bench
+        )
+        return (
+            Path(path).read_text(),
+            None if bench_path is None else Path(bench_path).read_text(),
+            secs,
+        )
+
+
+def _config_key(config: Any) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True, default=str)
+
+
+class RayExecutor:
+    """Cells of a command on env actors of a Ray cluster (``--executor ray``).
+
+    Connects on construction, as ``ray.init`` does: ``address`` (``"auto"``,
+    ``HOST:PORT``, ``ray://...``), else ``$RAY_ADDRESS``, else a local Ray instance for
+    this run, bound to 127.0.0.1 without the dashboard. Use it as a context manager:
+    leaving it closes every env actor (killing them at once when an exception, Ctrl-C or
+    SIGTERM, is on its way) and shuts down a local instance it started.
+
+    Args:
+        address: the Ray cluster (see above).
+        envs: env actors per env configuration (``None``: as many as the cluster's CPUs
+            hold, at most one per cell).
+        resources: what each env actor reserves (default: its ranks' CPUs,
+            :func:`~commgym.agents.ray_env.actor_resources`).
+        num_cpus: logical CPUs of a local instance started here (``None``: the machine's).
+
+    Raises:
+        ModuleNotFoundError: Ray is not installed.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        envs: int | None = None,
+        *,
+        resources: dict[str, float] | None = None,
+        num_cpus: int | None = None,
+    ) -> None:
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        if address is None and "ray" not in sys.modules:
+            # Ray rewrites 127.0.0.1 to the host's routable address and listens on every
+            # interface unless clusters are off; a local instance needs neither
+            os.environ.setdefault(LOOPBACK_VARIABLE, "0")
+        ray = import_ray()
+        self.started = False
+        if not ray.is_initialized():
+            if address is None:
+                ray.init(
+                    _node_ip_address="127.0.0.1",
+                    include_dashboard=False,
+                    num_cpus=num_cpus,
+                    logging_level="WARNING",
+                )
+                self.started = True
+            else:
+                try:
+                    ray.init(address=address, logging_level="WARNING")
+                except ConnectionError as err:
+                    raise ValueError(
+                        f"cannot connect to the Ray cluster at {address!r} ({err}); start one "
+                        "with `ray start --head --node-ip-address 127.0.0.1`, or omit "
+                        "--ray-address for a local Ray instance"
+                    ) from None
+        self.envs = envs
+        self.resources = resources
+        self._pools: dict[str, list[EnvActors]] = {}
+        #: actor tag -> node id, filled as actors come up
+        self.nodes: dict[str, str] = {}
+        #: actor tag -> why it could not come back (dropped actors)
+        self.lost: dict[str, str] = {}
+
+    # -- actors ---------------------------------------------------------------------
+    def summary(self, config: Any) -> str:
+        """One line: the cluster, and the env actors ``config`` gets there."""
+        ray = import_ray()
+        total = ray.cluster_resources()
+        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+        need = self.resources or actor_resources(config)
+        n = self.envs if self.envs is not None else self.capacity(config)
+        where = "a local Ray instance" if self.started else "the Ray cluster"
+        net = "an emulated network each" if config.network_plan.emulated else "loopback"
+        return (
+            f"executor: ray, {where} ({nodes} node(s), {total.get('CPU', 0):g} CPUs); up to "
+            f"{n} env actor(s) of {config.world_size} ranks on {net}, each reserving {need}"
+        )
+
+    def capacity(self, config: Any) -> int:
+        """Env actors of ``config`` the whole cluster holds (at least 1)."""
+        ray = import_ray()
+        need = self.resources or actor_resources(config)
+        total = ray.cluster_resources()
+        fits = min(int(total.get(k, 0.0) // v) for k, v in need.items() if v > 0)
+        return max(1, fits)
+
+    def actors(self, config: Any, wanted: int) -> list[tuple[Any, str]]:
+        """``(handle, tag)`` of the env actors of ``config``, grown up to ``wanted``.
+
+        At most ``envs`` (or the cluster's :meth:`capacity`) exist per configuration;
+        they live until :meth:`release` or :meth:`close`.
+        """
+        ray = import_ray()
+        pools = self._pools.setdefault(_config_key(config), [])
+        have = sum(len(p) for p in pools)
+        limit = self.envs if self.envs is not None else self.capacity(config)
+        if have < min(wanted, limit):
+            group = EnvActors(config, min(wanted, limit) - have, resources=self.resources)
+            pools.append(group)
+            try:
+                where = ray.get([a.describe.remote() for a in group.actors])
+            except BaseException:
+                group.kill()
+                raise
+            self.nodes.update({d["tag"]: d["node_id"] for d in where})
+        return [(a, t) for p in pools for a, t in zip(p.actors, p.tags, strict=True)]
+
+    def release(self, config: Any) -> None:
+        """Close the env actors of ``config`` (their ranks and networks go with them)."""
+        for group in self._pools.pop(_config_key(config), []):
+            group.close()
+
+    # -- cells ----------------------------------------------------------------------
+    def run(
+        self,
+        config: Any,
+        fn: Callable[..., Any],
+        jobs: Sequence[tuple[Any, ...]],
+        *,
+        on_lost: Callable[[int, str], Any] | None = None,
+        with_tag: bool = False,
+    ) -> Iterator[tuple[int, Any]]:
+        """Run ``fn(env, *job)`` for every job on the env actors of ``config``.
+
+        Every actor takes the next job as soon as it is free; results are yielded in job
+        order as soon as all earlier ones are in, so the caller logs them in the order
+        the local path does.
+
+        Args:
+            config: the env configuration (its actors are created on first use).
+            fn: a module-level function (sent by reference) taking the env first.
+            jobs: argument tuples.
+            on_lost: ``on_lost(index, why)`` gives the result of a job whose actor died
+                (an episode's failure); ``None``: such a loss raises ``RuntimeError``.
+            with_tag: pass the actor's tag as ``fn``'s last argument.
+
+        Yields:
+            ``(job index, result)`` in job order.
+
+        Raises:
+            RuntimeError: an actor died and ``on_lost`` is None, or every actor is gone.
+            Exception: what ``fn`` raised in the actor (Ray's error, also an instance
+                of the original exception's class).
+        """
+        ray = import_ray()
+        from ray.exceptions import RayActorError
+
+        if not jobs:
+            return
+        idle = self.actors(config, len(jobs))
+        todo = deque(enumerate(jobs))
+        pending: dict[Any, tuple[int, tuple[Any, str], float]] = {}
+        done: dict[int, Any] = {}
+        next_out = 0
+        while todo or pending:
+            while idle and todo:
+                i, args = todo.popleft()
+                actor, tag = idle.pop(0)
+                extra = (tag,) if with_tag else ()
+                ref = actor.call.remote(fn, *args, *extra)
+                pending[ref] = (i, (actor, tag), time.perf_counter())
+            if not pending:
+                raise RuntimeError(
+                    "every env actor is gone; the remaining cells cannot run ("
+                    + "; ".join(f"{t}: {why}" for t, why in self.lost.items())
+                    + ")"
+                )
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                i, (actor, tag), t0 = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except RayActorError as err:
+                    why = (
+                        f"env actor {tag} on node {self.nodes.get(tag, '?')} died during the "
+                        f"cell: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+                    )
+                    if on_lost is None:
+                        raise RuntimeError(why) from None
+                    result = on_lost(i, why)
+                    if self._back(actor, tag):
+                        idle.append((actor, tag))
+                else:
+                    idle.append((actor, tag))
+                    if isinstance(result, PlayedEpisode):
+                        result = PlayedEpisode(
+                            result.episode, result.transitions, result.node_id,
+                            result.actor, result.actor_s, time.perf_counter() - t0,
+                        )  # fmt: skip
+                done[i] = result
+            while next_out in done:
+                yield next_out, done.pop(next_out)
+                next_out += 1
+
+    def _back(self, actor: Any, tag: str) -> bool:
+        """Whether a dead actor came back (Ray restarted it); else clean its node."""
+        ray = import_ray()
+        from ray.exceptions import ActorUnavailableError
+
+        deadline = time.monotonic() + RESTART_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                where = ray.get(actor.describe.remote(), timeout=deadline - time.monotonic())
+            except ActorUnavailableError:  # still restarting
+                time.sleep(0.5)
+                continue
+            except Exception as err:
+                self.lost[tag] = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+                break
+            self.nodes[tag] = where["node_id"]
+            return True
+        self.lost.setdefault(tag, f"not back within {RESTART_TIMEOUT_S:.0f} s")
+        cleanup_nodes([tag])
+        return False
+
+    def episodes(
+        self,
+        config: Any,
+        cells: Sequence[tuple[str, int]],
+        policies: dict[str, bytes],
+        target_loss: float | None,
+    ) -> Iterator[tuple[int, PlayedEpisode]]:
+        """Episode cells ``(agent name, seed)`` played with ``policies[name]``, in order.
+
+        A cell whose actor died comes back as a failure (:func:`failed_episode`).
+        """
+
+        def lost(i: int, why: str) -> PlayedEpisode:
+            seed = cells[i][1]
+            return PlayedEpisode(failed_episode(seed, why), [], "?", "?", math.nan)
+
+        jobs = [(policies[name], seed, target_loss) for name, seed in cells]
+        yield from self.run(config, play_episode, jobs, on_lost=lost, with_tag=True)
+
+    # -- lifecycle ------------------------------------------------------------------
+    def close(self, *, interrupted: bool = False) -> None:
+        """Close (or, ``interrupted``, kill) every env actor; shut down our local Ray."""
+        ray = import_ray()
+        pools, self._pools = self._pools, {}
+        try:
+            for groups in pools.values():
+                for group in groups:
+                    with contextlib.suppress(Exception):
+                        group.kill() if interrupted else group.close()
+        finally:
+            if self.started and ray.is_initialized():
+                ray.shutdown()
+                self.started = False
+
+    def __enter__(self) -> RayExecutor:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(interrupted=exc_type is not None)
+
+
+@contextlib.contextmanager
+def open_executor(cfg: Any) -> Iterator[RayExecutor | None]:
+    """The executor ``cfg.executor`` names: ``None`` (local) or a :class:`RayExecutor`."""
+    if cfg.executor != "ray":
+        yield None
+        return
+    with RayExecutor(cfg.ray_address, cfg.ray_envs) as executor:
+        yield executor
+
+
+def concat_streams(texts: Sequence[str]) -> str:
+    """Transition CSVs of parallel recording streams as one file, episodes renumbered.
+
+    Stream ``k``'s episodes follow stream ``k-1``'s (the ``episode`` column counts on),
+    so every episode keeps its own number, as in one long recording.
+    """
+    import csv
+
+    out = io.StringIO()
+    writer: Any = None
+    offset = 0
+    for text in texts:
+        rows = list(csv.DictReader(io.StringIO(text)))
+        if writer is None and rows:
+            writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+        last = -1
+        for row in rows:
+            ep = int(row["episode"])
+            last = max(last, ep)
+            writer.writerow({**row, "episode": ep + offset})
+        offset += last + 1
+    return out.getvalue()

@@ -1,0 +1,200 @@
+"""``--executor ray``: the same leaderboard rows and MLflow runs as the local path, errors, signals.
+
+The Ray runs start a real local Ray instance from the CLI (the machine's 2 CPUs, bound to
+127.0.0.1) as a user's command does; the multi-node test builds two Ray nodes with
+``ray.cluster_utils.Cluster`` (``expensive``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from commgym.experiments.config import load_run_config
+from commgym.experiments.leaderboard import read_leaderboard_csv
+from tests.experiments.cli_helpers import cli, cli_ok
+
+#: 2 ranks on loopback, 2 menu entries, a target every entry reaches in its first decisions
+#: (so no column but the times depends on the machine's speed).
+TINY = {
+    "env": {
+        "workload": "mlp-digits",
+        "world_size": 2,
+        "steps_per_decision": 2,
+        "time_budget_s": 30.0,
+        "max_decisions": 4,
+        "reward": "time_to_target",
+        "target_loss": 1.5,
+        "action_menu": {"compression": ["none", "fp16"], "bucket_mb": [25.0], "sync_period": [1]},
+    },
+    "experiment": "commgym-executor-test",
+}
+AGENTS = "static:ddp-default,static:fp16-dense"
+#: Columns of the leaderboard CSV that do not depend on timing.
+TIMING_FREE = ("scenario", "agent", "role", "seed", "reached", "final_eval_loss",
+               "final_eval_acc", "bytes_per_step", "decisions")  # fmt: skip
+
+
+def test_executor_ray_without_ray_is_one_error_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(ValueError, match=r"pip install 'commgym\[ray\]'"):
+        load_run_config(None, {"executor": "ray"})
+    with pytest.raises(ValueError, match=r"executor must be one of \['local', 'ray'\]"):
+        load_run_config(None, {"executor": "slurm"})
+    with pytest.raises(ValueError, match="take effect with executor 'ray' only"):
+        load_run_config(None, {"ray_envs": 2})
+
+
+def test_bad_executor_is_one_error_line(tmp_path):
+    proc = cli(["leaderboard", "--executor", "slurm", "--scenarios", "smoke"], tmp_path, 120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: executor must be one of")
+
+
+# a single-machine Ray instance on loopback only (read when Ray is imported)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+pytest.importorskip("ray", reason="needs the commgym[ray] extra")
+
+
+def _board(tmp, executor: str) -> tuple[list[dict], str, str]:
+    (tmp / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    uri = f"sqlite:///{tmp}/mlflow-{executor}.db"
+    out = cli_ok(
+        ["leaderboard", "--scenarios", str(tmp / "tiny.yaml"), "--agents", AGENTS,
+         "--seeds", "2", "--tracking-uri", uri, "--output-dir", str(tmp / executor),
+         "--executor", executor],
+        tmp, timeout_s=600,
+    )  # fmt: skip
+    return read_leaderboard_csv(tmp / executor / "leaderboard-tiny.csv"), out, uri
+
+
+def test_leaderboard_on_ray_gives_the_local_rows_and_runs(tmp_path):
+    from mlflow import MlflowClient
+
+    local, _, _ = _board(tmp_path, "local")
+    remote, out, uri = _board(tmp_path, "ray")
+    assert "executor: ray, a local Ray instance" in out
+    assert "4 episodes ran on 1 Ray node(s)" in out
+
+    def key(rows):
+        return [
+            tuple(round(r[c], 12) if isinstance(r[c], float) else r[c] for c in TIMING_FREE)
+            for r in rows
+        ]
+
+    assert key(remote) == key(local)
+    assert all(math.isfinite(r["final_eval_loss"]) and r["reached"] for r in remote)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("commgym-leaderboard")
+    runs = client.search_runs([exp.experiment_id])
+    parent = [r for r in runs if r.data.tags.get("commgym.command") == "leaderboard"]
+    children = [r for r in runs if r.data.tags.get("commgym.role") == "evaluation"]
+    assert len(parent) == 1 and len(children) == 4
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent[0].info.run_id}
+    assert all(c.data.tags.get("commgym.ray_node") for c in children)
+    assert all(c.info.status == "FINISHED" for c in runs)
+    # every child holds its per-decision metrics, as a local episode's does
+    for c in children:
+        hist = client.get_metric_history(c.info.run_id, "comm/bytes_per_step")
+        assert len(hist) == int(c.data.metrics["eval/decisions"]) >= 1
+
+
+def _ray_processes(pids: set[int]) -> set[int]:
+    return {p for p in pids if os.path.exists(f"/proc/{p}")}
+
+
+def test_sigterm_of_the_driver_leaves_no_actor_rank_or_network(tmp_path):
+    from commgym.env.net import netem_available
+    from tests.experiments.test_cli_signals import _alive, _children, _Reader
+
+    ok, _ = netem_available()
+    net = ["--network", "1gbit"] if ok else []
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [
+        sys.executable, "-m", "commgym.experiments.cli", "collect", "--config", "smoke",
+        "--decisions", "100000", "--no-bench", "--out", str(tmp_path / "t.csv"),
+        "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--executor", "ray", *net,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    reader = _Reader(proc)
+    try:
+        deadline = time.monotonic() + 240
+        ranks: set[int] = set()
+        while time.monotonic() < deadline and proc.poll() is None:
+            kids = _children(proc.pid)
+            ranks = {p for p in kids if _cmdline(p).count("commgym.env.worker")}
+            if len(ranks) >= 2:
+                break
+            time.sleep(0.5)
+        assert len(ranks) >= 2, reader.text[-3000:]
+        everything = _children(proc.pid)
+        networks = {_rdzv_id(p) for p in everything} - {None}
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, reader.text[-3000:]
+    time.sleep(2.0)
+    left = _alive(everything)
+    assert not left, f"left running: {[_cmdline(p)[:120] for p in left]}"
+    if ok:
+        assert networks, "the ranks ran in no emulated network"
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+        left = [ns for ns in out.stdout.split() if ns.split("-")[0] in networks]
+        assert not left, f"namespaces left behind: {left}"
+
+
+def _rdzv_id(pid: int) -> str | None:
+    argv = _cmdline(pid).split()
+    return argv[argv.index("--rdzv-id") + 1] if "--rdzv-id" in argv else None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@pytest.mark.expensive
+def test_a_sweep_lands_on_both_nodes_of_a_two_node_cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from commgym.agents.base import LayoutEnv
+    from commgym.agents.baselines import StaticAgent
+    from commgym.env import EnvConfig
+    from commgym.experiments.executor import RayExecutor, policy_bytes
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    try:
+        ray.init(address=cluster.address, logging_level="WARNING")
+        cfg = EnvConfig(**{**TINY["env"], "target_loss": None, "reward": "log_progress"})
+        policy = policy_bytes(StaticAgent(LayoutEnv(cfg.menu), preset="none/25MB/H1"))
+        with RayExecutor(resources={"CPU": 2}) as executor:
+            cells = [("none", 1000 + i) for i in range(4)]
+            played = [p for _, p in executor.episodes(cfg, cells, {"none": policy}, None)]
+        nodes = {p.node_id for p in played}
+        assert len(nodes) == 2, nodes
+        assert all(p.episode.decisions == 4 for p in played)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
