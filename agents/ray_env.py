@@ -43,7 +43,7 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices
 
-from commgym.env import EnvConfig, FlattenAction
+from commgym.env import EnvConfig
 
 __all__ = [
     "TAG_VARIABLE",
@@ -171,18 +171,16 @@ class EnvRunner:
     Args:
         config: the env's configuration.
         tag: this actor's identity, kept across Ray's restarts of it.
-        flatten_actions: wrap the env in :class:`~commgym.env.FlattenAction` (DQN).
     """
 
-    def __init__(self, config: EnvConfig, tag: str, flatten_actions: bool = False) -> None:
+    def __init__(self, config: EnvConfig, tag: str) -> None:
         kill_tagged([tag])
         _remove_dead_networks()
         os.environ[TAG_VARIABLE] = tag  # the ranks' environment is a copy of ours
         import commgym.env  # noqa: F401 - registers the env
 
         self.tag = tag
-        env: gym.Env = gym.make("commgym/AllReduce-v0", config=config)
-        self.env = FlattenAction(env) if flatten_actions else env
+        self.env: gym.Env = gym.make("commgym/AllReduce-v0", config=config)
 
     # -- where and what -------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -269,7 +267,6 @@ class EnvActors:
         n: number of actors (>= 1).
         resources: what each reserves (default :func:`actor_resources`); ``{"CPU": 1}``
             oversubscribes the host on purpose (tests, benchmarks on small machines).
-        flatten_actions: each env wrapped in :class:`~commgym.env.FlattenAction`.
         place_timeout_s: deadline for the placement groups.
 
     Raises:
@@ -283,7 +280,6 @@ class EnvActors:
         n: int,
         *,
         resources: dict[str, float] | None = None,
-        flatten_actions: bool = False,
         place_timeout_s: float = PLACE_TIMEOUT_S,
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -325,7 +321,7 @@ class EnvActors:
                     placement_group=g, placement_group_bundle_index=0
                 ),
                 **extra,
-            ).remote(config, tag, flatten_actions)
+            ).remote(config, tag)
             for g, tag in zip(self.groups, self.tags, strict=True)
         ]
         self._closed = False
@@ -390,9 +386,11 @@ class RayVecEnv(VecEnv):
         n_envs: number of env actors.
         resources: what each actor reserves (default: its ranks' CPUs, see
             :func:`actor_resources`).
-        flatten_actions: ``Discrete`` actions (the envs wrapped in
-            :class:`~commgym.env.FlattenAction`, for DQN).
+        flatten_actions: ``Discrete`` actions over the menu's flattening (row-major, as
+            :class:`~commgym.env.FlattenAction`; for DQN), unflattened before they are sent.
         place_timeout_s: deadline for placing the actors.
+        actors: ``(handle, tag)`` of env actors that exist already (an executor's): used
+            instead of creating ``n_envs`` new ones, and left running by :meth:`close`.
 
     Raises:
         ModuleNotFoundError: Ray is not installed.
@@ -408,30 +406,41 @@ class RayVecEnv(VecEnv):
         resources: dict[str, float] | None = None,
         flatten_actions: bool = False,
         place_timeout_s: float = PLACE_TIMEOUT_S,
+        actors: Sequence[tuple[Any, str]] | None = None,
     ) -> None:
         ray = import_ray()
-        self.group = EnvActors(
-            config,
-            n_envs,
-            resources=resources,
-            flatten_actions=flatten_actions,
-            place_timeout_s=place_timeout_s,
-        )
+        self.group: EnvActors | None = None
+        if actors is None:
+            self.group = EnvActors(
+                config, n_envs, resources=resources, place_timeout_s=place_timeout_s
+            )
+            actors = list(zip(self.group.actors, self.group.tags, strict=True))
+        self._handles = [a for a, _ in actors]
+        self.tags = [t for _, t in actors]
         try:
-            obs_space, act_space = ray.get(self.group.actors[0].spaces.remote())
+            obs_space, act_space = ray.get(self._handles[0].spaces.remote())
         except BaseException:
-            self.group.close()
+            self.close()
             raise
-        super().__init__(n_envs, obs_space, act_space)
+        self._nvec: np.ndarray | None = None
+        if flatten_actions:
+            self._nvec = np.asarray(act_space.nvec, dtype=np.int64)
+            act_space = gym.spaces.Discrete(int(np.prod(self._nvec)))
+        super().__init__(len(self._handles), obs_space, act_space)
         self._pending: list[Any] | None = None
         self._last_obs: list[np.ndarray] = [
-            np.zeros(obs_space.shape, dtype=obs_space.dtype) for _ in range(n_envs)
+            np.zeros(obs_space.shape, dtype=obs_space.dtype) for _ in range(self.num_envs)
         ]
 
     @property
     def actors(self) -> list[Any]:
         """The env actors' handles."""
-        return self.group.actors
+        return self._handles
+
+    def _menu_action(self, action: Any) -> Any:
+        if self._nvec is None:
+            return action
+        return np.array(np.unravel_index(int(action), tuple(self._nvec)), dtype=np.int64)
 
     def reset(self) -> np.ndarray:  # noqa: D102 - VecEnv's
         ray = import_ray()
@@ -448,7 +457,8 @@ class RayVecEnv(VecEnv):
 
     def step_async(self, actions: np.ndarray) -> None:  # noqa: D102 - VecEnv's
         self._pending = [
-            a.vec_step.remote(act) for a, act in zip(self.actors, actions, strict=True)
+            a.vec_step.remote(self._menu_action(act))
+            for a, act in zip(self.actors, actions, strict=True)
         ]
 
     def step_wait(self):  # noqa: D102 - VecEnv's
@@ -462,7 +472,7 @@ class RayVecEnv(VecEnv):
                 o, r, d, info, reset_info = ray.get(ref)
             except RayActorError as err:
                 info = {
-                    "failure": f"env actor {self.group.tags[i]} died during the step: {err}",
+                    "failure": f"env actor {self.tags[i]} died during the step: {err}",
                     "reason": "failure",
                     "TimeLimit.truncated": False,
                     "terminal_observation": self._last_obs[i],
@@ -486,7 +496,8 @@ class RayVecEnv(VecEnv):
         )
 
     def close(self) -> None:  # noqa: D102 - VecEnv's
-        self.group.close()
+        if self.group is not None:  # actors given to it stay with their owner
+            self.group.close()
 
     def _targets(self, indices: VecEnvIndices) -> list[Any]:
         return [self.actors[i] for i in self._get_indices(indices)]
@@ -535,6 +546,8 @@ class RayEnv(gym.Env):
         config: the env's configuration.
         resources: what the actor reserves (default: its ranks' CPUs).
         place_timeout_s: deadline for placing the actor.
+        actor: ``(handle, tag)`` of an env actor that exists already (an executor's):
+            used instead of a new one, and left running by :meth:`close`.
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's convention
@@ -545,16 +558,22 @@ class RayEnv(gym.Env):
         *,
         resources: dict[str, float] | None = None,
         place_timeout_s: float = PLACE_TIMEOUT_S,
+        actor: tuple[Any, str] | None = None,
     ) -> None:
         ray = import_ray()
         self.config = config
         self.menu = config.menu
-        self.group = EnvActors(config, 1, resources=resources, place_timeout_s=place_timeout_s)
-        self.actor = self.group.actors[0]
+        self.group: EnvActors | None = None
+        if actor is None:
+            self.group = EnvActors(
+                config, 1, resources=resources, place_timeout_s=place_timeout_s
+            )
+            actor = (self.group.actors[0], self.group.tags[0])
+        self.actor, self.tag = actor
         try:
             self.observation_space, self.action_space = ray.get(self.actor.spaces.remote())
         except BaseException:
-            self.group.close()
+            self.close()
             raise
         self._last_obs = np.zeros(self.observation_space.shape, dtype=np.float32)
 
@@ -577,10 +596,11 @@ class RayEnv(gym.Env):
         try:
             obs, reward, terminated, truncated, info = ray.get(self.actor.step.remote(action))
         except RayActorError as err:
-            why = f"env actor {self.group.tags[0]} died during the step: {err}"
+            why = f"env actor {self.tag} died during the step: {err}"
             return self._last_obs, 0.0, True, False, {"failure": why, "reason": "failure"}
         self._last_obs = np.asarray(obs)
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:  # noqa: D102
-        self.group.close()
+        if self.group is not None:  # an actor given to it stays with its owner
+            self.group.close()

@@ -12,10 +12,13 @@ logs the dataset as an MLflow artifact.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import json
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +27,15 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from commgym.env import EnvConfig
 
-__all__ = ["collect", "collect_transitions", "fit_surrogate", "record_dataset", "record_on_ray"]
+__all__ = [
+    "collect",
+    "collect_transitions",
+    "concat_streams",
+    "fit_surrogate",
+    "record_dataset",
+    "record_on_ray",
+    "record_stream",
+]
 
 POLICIES = ("sticky", "random", "grid")
 
@@ -154,7 +165,7 @@ def record_on_ray(
     most ``decisions``): stream ``k`` records its share of ``decisions`` from seed
     ``seed + k`` (one stream: the very recording :func:`record_dataset` makes here);
     the first also times the collectives. The streams land in ``out`` one after another,
-    episodes renumbered (:func:`~commgym.experiments.executor.concat_streams`).
+    episodes renumbered (:func:`concat_streams`).
 
     Args:
         executor: a :class:`~commgym.experiments.executor.RayExecutor`.
@@ -170,8 +181,6 @@ def record_on_ray(
     Returns:
         ``(transitions path, bench path or None, wall seconds)``.
     """
-    from commgym.experiments.executor import concat_streams, record_stream
-
     out = Path(out)
     if out.suffix == ".parquet":
         raise ValueError("parallel recording writes CSV; give --out a .csv file")
@@ -195,6 +204,48 @@ def record_on_ray(
         bench_path.write_text(bench_text)
     _log_collection(run, out, bench_path, decisions, secs)
     return out, bench_path, secs
+
+
+def record_stream(
+    env: Any, decisions: int, policy: str, seed: int, bench: bool
+) -> tuple[str, str | None, float]:
+    """A recording cell (runs in an env actor): :func:`~commgym.experiments.collect.record_dataset`.
+
+    Returns:
+        ``(transitions CSV text, collective timings JSON text or None, seconds)``.
+    """
+    with tempfile.TemporaryDirectory(prefix="commgym-record-") as tmp:
+        path, bench_path, secs = record_dataset(
+            env, Path(tmp) / "transitions.csv", decisions, policy, seed, bench
+        )
+        return (
+            Path(path).read_text(),
+            None if bench_path is None else Path(bench_path).read_text(),
+            secs,
+        )
+
+
+def concat_streams(texts: Sequence[str]) -> str:
+    """Transition CSVs of parallel recording streams as one file, episodes renumbered.
+
+    Stream ``k``'s episodes follow stream ``k-1``'s (the ``episode`` column counts on),
+    so every episode keeps its own number, as in one long recording.
+    """
+    out = io.StringIO()
+    writer: Any = None
+    offset = 0
+    for text in texts:
+        rows = list(csv.DictReader(io.StringIO(text)))
+        if writer is None and rows:
+            writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+        last = -1
+        for row in rows:
+            ep = int(row["episode"])
+            last = max(last, ep)
+            writer.writerow({**row, "episode": ep + offset})
+        offset += last + 1
+    return out.getvalue()
 
 
 def fit_surrogate(

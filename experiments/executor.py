@@ -32,12 +32,13 @@ a local Ray instance started for the run is shut down.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -51,18 +52,19 @@ from commgym.agents.rollout import Episode, rollout
 __all__ = [
     "PlayedEpisode",
     "RayExecutor",
-    "concat_streams",
     "failed_episode",
     "load_policy",
     "open_executor",
     "play_episode",
     "policy_bytes",
-    "record_stream",
     "tune_agent",
 ]
 
 #: Set to "0" for a local Ray instance: it then binds and advertises 127.0.0.1 only.
 LOOPBACK_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+#: Signals whose handlers survive ``ray.init`` (see :class:`RayExecutor`).
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 #: Seconds a dead actor gets to come back (Ray restarts it) before it is dropped.
 RESTART_TIMEOUT_S = 180.0
@@ -165,27 +167,6 @@ def tune_agent(env: Any, name: str, kwargs: dict[str, Any], decisions: int) -> t
     return policy_bytes(agent), time.perf_counter() - t0
 
 
-def record_stream(
-    env: Any, decisions: int, policy: str, seed: int, bench: bool
-) -> tuple[str, str | None, float]:
-    """A recording cell (runs in an env actor): :func:`~commgym.experiments.collect.record_dataset`.
-
-    Returns:
-        ``(transitions CSV text, collective timings JSON text or None, seconds)``.
-    """
-    from commgym.experiments.collect import record_dataset
-
-    with tempfile.TemporaryDirectory(prefix="commgym-record-") as tmp:
-        path, bench_path, secs = record_dataset(
-            env, Path(tmp) / "transitions.csv", decisions, policy, seed, bench
-        )
-        return (
-            Path(path).read_text(),
-            None if bench_path is None else Path(bench_path).read_text(),
-            secs,
-        )
-
-
 def _config_key(config: Any) -> str:
     return json.dumps(config.to_dict(), sort_keys=True, default=str)
 
@@ -226,6 +207,11 @@ class RayExecutor:
             os.environ.setdefault(LOOPBACK_VARIABLE, "0")
         ray = import_ray()
         self.started = False
+        # Ray's core worker installs its own SIGTERM handler (it aborts the process): the
+        # command's handlers (Ctrl-C's cleanup for SIGTERM/SIGHUP) are put back after init
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            handlers = {sig: signal.getsignal(sig) for sig in _SIGNALS}
         if not ray.is_initialized():
             if address is None:
                 ray.init(
@@ -244,6 +230,9 @@ class RayExecutor:
                         "with `ray start --head --node-ip-address 127.0.0.1`, or omit "
                         "--ray-address for a local Ray instance"
                     ) from None
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
         self.envs = envs
         self.resources = resources
         self._pools: dict[str, list[EnvActors]] = {}
@@ -356,7 +345,8 @@ class RayExecutor:
                     + "; ".join(f"{t}: {why}" for t, why in self.lost.items())
                     + ")"
                 )
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            # a timeout, so that Ctrl-C / SIGTERM reach the interpreter while cells run
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
             for ref in ready:
                 i, (actor, tag), t0 = pending.pop(ref)
                 try:
@@ -453,28 +443,3 @@ def open_executor(cfg: Any) -> Iterator[RayExecutor | None]:
         return
     with RayExecutor(cfg.ray_address, cfg.ray_envs) as executor:
         yield executor
-
-
-def concat_streams(texts: Sequence[str]) -> str:
-    """Transition CSVs of parallel recording streams as one file, episodes renumbered.
-
-    Stream ``k``'s episodes follow stream ``k-1``'s (the ``episode`` column counts on),
-    so every episode keeps its own number, as in one long recording.
-    """
-    import csv
-
-    out = io.StringIO()
-    writer: Any = None
-    offset = 0
-    for text in texts:
-        rows = list(csv.DictReader(io.StringIO(text)))
-        if writer is None and rows:
-            writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
-            writer.writeheader()
-        last = -1
-        for row in rows:
-            ep = int(row["episode"])
-            last = max(last, ep)
-            writer.writerow({**row, "episode": ep + offset})
-        offset += last + 1
-    return out.getvalue()

@@ -132,7 +132,7 @@ def learn_agent(
     vec_env = None
     real_env: gym.Env = env
     if executor is not None and surrogate is None:
-        vec_env, real_env = _ray_learning_env(cfg)
+        vec_env, real_env = _ray_learning_env(cfg, executor)
     # the parent run holds the learning curve; per-decision metrics live in the
     # evaluation children (20,000 decisions x 14 metrics filled ~80 MB of mlflow.db)
     learn_env = TrackingWrapper(
@@ -161,6 +161,8 @@ def learn_agent(
     finally:
         if real_env is not env:
             real_env.close()
+        if vec_env is not None:
+            vec_env.close()
     learn_s = time.perf_counter() - t0
     cost.add("learn_s", learn_s, 0 if surrogate is not None else cfg.timesteps)
     learn_env.write_csv(out / "learning-decisions.csv")
@@ -204,32 +206,34 @@ def _make_surrogate_env(cfg: RunConfig, path: str | Path) -> gym.Env:
 
 
 def _ray_env(cfg: RunConfig, executor: Any) -> gym.Env:
-    """One env actor as a gymnasium env (the resources the executor reserves per actor)."""
+    """One of the executor's env actors as a gymnasium env (no actor of its own)."""
     from commgym.agents.ray_env import RayEnv
 
-    return RayEnv(cfg.env_config, resources=executor.resources)
+    return RayEnv(cfg.env_config, actor=executor.actors(cfg.env_config, 1)[0])
 
 
-def _ray_learning_env(cfg: RunConfig) -> tuple[Any, gym.Env]:
+def _ray_learning_env(cfg: RunConfig, executor: Any) -> tuple[Any, gym.Env]:
     """Where ``cfg.agent`` learns on real ranks under Ray: ``(vec_env or None, env)``.
 
-    SB3 agents learn from a :class:`~commgym.agents.ray_env.RayVecEnv` of ``ray_envs``
-    actors (1 by default; PPO then collects ``n_steps`` per actor per update) and are
-    built on a layout-only env (menu, spaces, config; no ranks); the others step one
-    :class:`~commgym.agents.ray_env.RayEnv`.
+    SB3 agents learn from a :class:`~commgym.agents.ray_env.RayVecEnv` over ``ray_envs``
+    of the executor's env actors (1 by default; PPO then collects ``n_steps`` per actor
+    per update) and are built on a layout-only env (menu, spaces, config; no ranks); the
+    others step one actor through a :class:`~commgym.agents.ray_env.RayEnv`.
     """
     from commgym.agents import AGENTS
     from commgym.agents.base import LayoutEnv
-    from commgym.agents.ray_env import RayEnv, RayVecEnv
+    from commgym.agents.ray_env import RayVecEnv
     from commgym.agents.sb3 import SB3Agent
 
     cls = AGENTS.get(cfg.agent.split(":", 1)[0])
     if cls is not None and issubclass(cls, SB3Agent):
-        vec = RayVecEnv(cfg.env_config, cfg.ray_envs or 1, flatten_actions=cls.flat_actions)
+        n = cfg.ray_envs or 1
+        actors = executor.actors(cfg.env_config, n)[:n]
+        vec = RayVecEnv(cfg.env_config, flatten_actions=cls.flat_actions, actors=actors)
         layout = LayoutEnv(cfg.env_config.menu)
         layout.config = cfg.env_config  # type: ignore[attr-defined]
         return vec, layout
-    return None, RayEnv(cfg.env_config)
+    return None, _ray_env(cfg, executor)
 
 
 def _collect_and_fit(
