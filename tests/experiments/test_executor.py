@@ -203,6 +203,8 @@ def test_a_sweep_lands_on_both_nodes_of_a_two_node_cluster():
             cells = [("none", 1000 + i) for i in range(4)]
             played = [p for _, p in executor.episodes(cfg, cells, {"none": policy}, None)]
         nodes = {p.node_id for p in played}
+        for (_, seed), p in zip(cells, played, strict=True):  # shown with -s
+            print(f"seed {seed}: node {p.node_id}, actor {p.actor}, {p.episode.decisions} steps")
         assert len(nodes) == 2, nodes
         assert all(p.episode.decisions == 4 for p in played)
     finally:
