@@ -240,6 +240,8 @@ class RayExecutor:
         self.nodes: dict[str, str] = {}
         #: actor tag -> why it could not come back (dropped actors)
         self.lost: dict[str, str] = {}
+        #: actor tag -> (restart probe, handle, deadline) of actors Ray is restarting
+        self._restarting: dict[str, tuple[Any, Any, float]] = {}
 
     # -- actors ---------------------------------------------------------------------
     def summary(self, config: Any) -> str:
@@ -265,14 +267,17 @@ class RayExecutor:
         return max(1, fits)
 
     def actors(self, config: Any, wanted: int) -> list[tuple[Any, str]]:
-        """``(handle, tag)`` of the env actors of ``config``, grown up to ``wanted``.
+        """``(handle, tag)`` of the usable env actors of ``config``, grown up to ``wanted``.
 
         At most ``envs`` (or the cluster's :meth:`capacity`) exist per configuration;
-        they live until :meth:`release` or :meth:`close`.
+        they live until :meth:`release` or :meth:`close`. Actors that died and are being
+        restarted by Ray are left out until they answer again; actors that could not come
+        back (:attr:`lost`) are left out for good.
         """
         ray = import_ray()
+        self._settle_restarts()
         pools = self._pools.setdefault(_config_key(config), [])
-        have = sum(len(p) for p in pools)
+        have = sum(1 for p in pools for t in p.tags if t not in self.lost)
         limit = self.envs if self.envs is not None else self.capacity(config)
         if have < min(wanted, limit):
             group = EnvActors(config, min(wanted, limit) - have, resources=self.resources)
@@ -283,12 +288,69 @@ class RayExecutor:
                 group.kill()
                 raise
             self.nodes.update({d["tag"]: d["node_id"] for d in where})
-        return [(a, t) for p in pools for a, t in zip(p.actors, p.tags, strict=True)]
+        return [
+            (a, t)
+            for p in pools
+            for a, t in zip(p.actors, p.tags, strict=True)
+            if t not in self.lost and t not in self._restarting
+        ]
 
     def release(self, config: Any) -> None:
         """Close the env actors of ``config`` (their ranks and networks go with them)."""
         for group in self._pools.pop(_config_key(config), []):
+            for tag in group.tags:
+                self._restarting.pop(tag, None)
             group.close()
+
+    # -- actors that died -------------------------------------------------------------
+    def _await_restart(self, actor: Any, tag: str) -> None:
+        """Watch a dead actor: Ray restarts it (``max_restarts``); a probe says when it is up.
+
+        The probe (:meth:`EnvRunner.describe`) waits in Ray's queue while the actor
+        restarts, so no cell waits for it: the other actors go on with the sweep. An actor
+        not back within :data:`RESTART_TIMEOUT_S` (say, no node has room for its placement
+        group) is dropped.
+        """
+        deadline = time.monotonic() + RESTART_TIMEOUT_S
+        self._restarting[tag] = (actor.describe.remote(), actor, deadline)
+
+    def _drop(self, tag: str, why: str) -> None:
+        """Give up on a dead actor: no more restarts, and the driver cleans every node."""
+        ray = import_ray()
+        _, actor, _ = self._restarting.pop(tag)
+        self.lost[tag] = why
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+        cleanup_nodes([tag])
+
+    def _settle_restarts(self) -> list[tuple[Any, str]]:
+        """Resolve the restart probes that answered, drop actors past their deadline.
+
+        Returns:
+            ``(handle, tag)`` of the actors that are back.
+        """
+        ray = import_ray()
+        from ray.exceptions import ActorUnavailableError
+
+        back = []
+        for tag, (probe, actor, deadline) in list(self._restarting.items()):
+            if not ray.wait([probe], num_returns=1, timeout=0)[0]:
+                if time.monotonic() > deadline:
+                    self._drop(tag, f"not back within {RESTART_TIMEOUT_S:.0f} s")
+                continue
+            try:
+                where = ray.get(probe)
+            except ActorUnavailableError:  # still restarting: ask again
+                time.sleep(0.2)
+                self._restarting[tag] = (actor.describe.remote(), actor, deadline)
+                continue
+            except Exception as err:
+                self._drop(tag, f"{type(err).__name__}: {' '.join(str(err).split())[:300]}")
+                continue
+            del self._restarting[tag]
+            self.nodes[tag] = where["node_id"]
+            back.append((actor, tag))
+        return back
 
     # -- cells ----------------------------------------------------------------------
     def run(
@@ -297,21 +359,23 @@ class RayExecutor:
         fn: Callable[..., Any],
         jobs: Sequence[tuple[Any, ...]],
         *,
-        on_lost: Callable[[int, str], Any] | None = None,
+        on_lost: Callable[[int, str, str], Any] | None = None,
         with_tag: bool = False,
     ) -> Iterator[tuple[int, Any]]:
         """Run ``fn(env, *job)`` for every job on the env actors of ``config``.
 
         Every actor takes the next job as soon as it is free; results are yielded in job
         order as soon as all earlier ones are in, so the caller logs them in the order
-        the local path does.
+        the local path does. An actor that dies inside a job is restarted by Ray and takes
+        jobs again once it answers; meanwhile the other actors go on.
 
         Args:
             config: the env configuration (its actors are created on first use).
             fn: a module-level function (sent by reference) taking the env first.
             jobs: argument tuples.
-            on_lost: ``on_lost(index, why)`` gives the result of a job whose actor died
-                (an episode's failure); ``None``: such a loss raises ``RuntimeError``.
+            on_lost: ``on_lost(index, why, tag)`` gives the result of a job whose actor
+                (tag ``tag``) died (an episode's failure); ``None``: such a loss raises
+                ``RuntimeError``.
             with_tag: pass the actor's tag as ``fn``'s last argument.
 
         Yields:
@@ -328,6 +392,7 @@ class RayExecutor:
         if not jobs:
             return
         idle = self.actors(config, len(jobs))
+        ours = {t for p in self._pools[_config_key(config)] for t in p.tags}
         todo = deque(enumerate(jobs))
         pending: dict[Any, tuple[int, tuple[Any, str], float]] = {}
         done: dict[int, Any] = {}
@@ -339,15 +404,16 @@ class RayExecutor:
                 extra = (tag,) if with_tag else ()
                 ref = actor.call.remote(fn, *args, *extra)
                 pending[ref] = (i, (actor, tag), time.perf_counter())
-            if not pending:
+            probes = {p: t for t, (p, _, _) in self._restarting.items() if t in ours}
+            if not pending and not probes:
                 raise RuntimeError(
                     "every env actor is gone; the remaining cells cannot run ("
                     + "; ".join(f"{t}: {why}" for t, why in self.lost.items())
                     + ")"
                 )
             # a timeout, so that Ctrl-C / SIGTERM reach the interpreter while cells run
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-            for ref in ready:
+            ready, _ = ray.wait([*pending, *probes], num_returns=1, timeout=1.0)
+            for ref in (r for r in ready if r in pending):
                 i, (actor, tag), t0 = pending.pop(ref)
                 try:
                     result = ray.get(ref)
@@ -358,9 +424,8 @@ class RayExecutor:
                     )
                     if on_lost is None:
                         raise RuntimeError(why) from None
-                    result = on_lost(i, why)
-                    if self._back(actor, tag):
-                        idle.append((actor, tag))
+                    result = on_lost(i, why, tag)
+                    self._await_restart(actor, tag)
                 else:
                     idle.append((actor, tag))
                     if isinstance(result, PlayedEpisode):
@@ -369,30 +434,10 @@ class RayExecutor:
                             result.actor, result.actor_s, time.perf_counter() - t0,
                         )  # fmt: skip
                 done[i] = result
+            idle.extend((a, t) for a, t in self._settle_restarts() if t in ours)
             while next_out in done:
                 yield next_out, done.pop(next_out)
                 next_out += 1
-
-    def _back(self, actor: Any, tag: str) -> bool:
-        """Whether a dead actor came back (Ray restarted it); else clean its node."""
-        ray = import_ray()
-        from ray.exceptions import ActorUnavailableError
-
-        deadline = time.monotonic() + RESTART_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                where = ray.get(actor.describe.remote(), timeout=deadline - time.monotonic())
-            except ActorUnavailableError:  # still restarting
-                time.sleep(0.5)
-                continue
-            except Exception as err:
-                self.lost[tag] = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
-                break
-            self.nodes[tag] = where["node_id"]
-            return True
-        self.lost.setdefault(tag, f"not back within {RESTART_TIMEOUT_S:.0f} s")
-        cleanup_nodes([tag])
-        return False
 
     def episodes(
         self,
@@ -406,9 +451,10 @@ class RayExecutor:
         A cell whose actor died comes back as a failure (:func:`failed_episode`).
         """
 
-        def lost(i: int, why: str) -> PlayedEpisode:
+        def lost(i: int, why: str, tag: str) -> PlayedEpisode:
             seed = cells[i][1]
-            return PlayedEpisode(failed_episode(seed, why), [], "?", "?", math.nan)
+            node = self.nodes.get(tag, "?")
+            return PlayedEpisode(failed_episode(seed, why), [], node, tag, math.nan)
 
         jobs = [(policies[name], seed, target_loss) for name, seed in cells]
         yield from self.run(config, play_episode, jobs, on_lost=lost, with_tag=True)
@@ -418,6 +464,10 @@ class RayExecutor:
         """Close (or, ``interrupted``, kill) every env actor; shut down our local Ray."""
         ray = import_ray()
         pools, self._pools = self._pools, {}
+        restarting, self._restarting = self._restarting, {}
+        for _, actor, _ in restarting.values():  # not back yet: nothing to close politely
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
         try:
             for groups in pools.values():
                 for group in groups:

@@ -210,3 +210,71 @@ def test_a_sweep_lands_on_both_nodes_of_a_two_node_cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.mark.expensive
+def test_a_node_lost_mid_episode_is_that_episodes_failure_and_the_sweep_goes_on():
+    import threading
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from commgym.agents.base import LayoutEnv
+    from commgym.agents.baselines import StaticAgent
+    from commgym.env import EnvConfig
+    from commgym.env.net import netem_available
+    from commgym.experiments.executor import RayExecutor, policy_bytes
+    from tests.agents.test_ray_env import _netns, _network_names, _tagged
+
+    ok, _ = netem_available()
+    # on an emulated network when the host allows: the lost actor's namespaces must go too
+    extra = {"network": "1gbit"} if ok else {}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    worker = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    networks: set[str] = set()
+    try:
+        ray.init(address=cluster.address, logging_level="WARNING")
+        cfg = EnvConfig(**{**TINY["env"], "target_loss": None, "reward": "log_progress",
+                           "max_decisions": 500, "time_budget_s": 600.0, **extra})  # fmt: skip
+        policy = policy_bytes(StaticAgent(LayoutEnv(cfg.menu), preset="none/25MB/H1"))
+        # one actor of 2 CPUs per node: the lost node's actor cannot be restarted elsewhere
+        with RayExecutor(resources={"CPU": 2}) as executor:
+            executor.actors(cfg, 2)
+            [doomed] = [t for t, n in executor.nodes.items() if n == worker.node_id]
+
+            def lose_the_node() -> None:
+                deadline = time.monotonic() + 180
+                while time.monotonic() < deadline and len(_tagged([doomed])) < 3:
+                    time.sleep(0.2)  # the ranks start at the episode's first reset
+                time.sleep(3.0)  # inside the episode
+                networks.update(_network_names(_tagged([doomed])))
+                cluster.remove_node(worker)
+
+            lose = threading.Thread(target=lose_the_node, daemon=True)
+            lose.start()
+            cells = [("none", 1000 + i) for i in range(4)]
+            played = [p for _, p in executor.episodes(cfg, cells, {"none": policy}, None)]
+            lose.join(timeout=5)
+        for (_, seed), p in zip(cells, played, strict=True):  # shown with -s
+            print(f"seed {seed}: {p.episode.reason} after {p.episode.decisions} decisions on "
+                  f"node {p.node_id[:8]}, actor {p.actor}, {p.actor_s:.1f} s")  # fmt: skip
+        failed = [p for p in played if p.episode.reason == "failure"]
+        assert [(p.actor, p.node_id) for p in failed] == [(doomed, worker.node_id)]
+        assert "died" in failed[0].episode.final_info["failure"]
+        # the sweep went on: the other three episodes whole, on the head node's actor
+        rest = [p for p in played if p.episode.reason != "failure"]
+        assert [p.episode.decisions for p in rest] == [500] * 3
+        assert {p.actor for p in rest} == set(executor.nodes) - {doomed}
+        assert doomed not in {p.actor for p in rest}
+        time.sleep(1.0)
+        assert not _tagged([doomed]), "ranks of the lost node's actor are still running"
+        if ok:
+            assert networks, "the lost actor's ranks ran in no emulated network"
+            left = {ns for ns in _netns() if ns.split("-")[0] in networks}
+            assert not left, f"namespaces left behind: {left}"
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
