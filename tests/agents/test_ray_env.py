@@ -196,3 +196,46 @@ def test_more_env_actors_than_the_cluster_holds_is_a_clear_error(local_ray):
     cfg = EnvConfig(**CONFIG)
     with pytest.raises(ValueError, match=r"need 6 CPU; the Ray cluster has 2 in total"):
         EnvActors(cfg, 3)
+
+
+def test_two_env_actors_on_one_node_get_their_own_networks(local_ray):
+    ok, why = netem_available()
+    if not ok:
+        pytest.skip(f"no emulated network on this host: {why}")
+    cfg = EnvConfig(**{**CONFIG, "network": "1gbit"})
+    vec = RayVecEnv(cfg, 2, resources={"CPU": 1})
+    try:
+        vec.seed(21)
+        vec.reset()
+        _, _, _, infos = vec.step(np.array([ACTIONS[0], ACTIONS[0]]))
+        where = vec.group.describe()
+        assert len({d["node_id"] for d in where}) == 1  # one node, two actors
+        nets = [d["network"] for d in where]
+        assert all(n is not None for n in nets)
+        assert len({n["name"] for n in nets}) == 2
+        assert len({n["subnet"] for n in nets}) == 2
+        spaces = [set(n["namespaces"]) for n in nets]
+        assert not spaces[0] & spaces[1]
+        # each actor's ranks rendezvous inside its own network
+        endpoints = [_rdzv_endpoints(_tagged([d["tag"]])) for d in where]
+        assert all(len(e) == 1 for e in endpoints) and endpoints[0] != endpoints[1]
+        assert all(i["measured"]["bytes_per_step"] > 0 for i in infos)
+        names = {n["name"] for n in nets}
+    finally:
+        vec.close()
+    left = {ns for ns in _netns() if ns.split("-")[0] in names}
+    assert not left, f"namespaces left behind: {left}"
+
+
+def _rdzv_endpoints(pids) -> set[str]:
+    """The ``--rdzv-endpoint`` of the given torchrun agents."""
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "--rdzv-endpoint" in argv:
+            found.add(argv[argv.index("--rdzv-endpoint") + 1])
+    return found
