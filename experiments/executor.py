@@ -54,13 +54,15 @@ __all__ = [
     "RayExecutor",
     "failed_episode",
     "load_policy",
+    "on_loopback",
     "open_executor",
     "play_episode",
     "policy_bytes",
     "tune_agent",
 ]
 
-#: Set to "0" for a local Ray instance: it then binds and advertises 127.0.0.1 only.
+#: Set to "0" for a Ray instance on loopback: it then binds and advertises 127.0.0.1 only,
+#: and a driver connects to 127.0.0.1 as given (see :func:`on_loopback`).
 LOOPBACK_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 #: Signals whose handlers survive ``ray.init`` (see :class:`RayExecutor`).
@@ -167,6 +169,25 @@ def tune_agent(env: Any, name: str, kwargs: dict[str, Any], decisions: int) -> t
     return policy_bytes(agent), time.perf_counter() - t0
 
 
+def on_loopback(address: str) -> bool:
+    """Whether the Ray cluster at ``address`` listens on loopback (a one-host cluster).
+
+    ``address`` as ``ray.init`` takes it; ``"auto"`` is looked up as Ray does, without
+    importing Ray: ``$RAY_ADDRESS``, else the address the last ``ray start --head`` of
+    this host recorded (``ray_current_cluster`` in Ray's temp folder).
+    """
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS") or ""
+        if address in ("", "auto"):
+            tmp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+            try:
+                address = (Path(tmp) / "ray" / "ray_current_cluster").read_text().strip()
+            except OSError:
+                return False
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 def _config_key(config: Any) -> str:
     return json.dumps(config.to_dict(), sort_keys=True, default=str)
 
@@ -201,9 +222,11 @@ class RayExecutor:
         num_cpus: int | None = None,
     ) -> None:
         address = address or os.environ.get("RAY_ADDRESS") or None
-        if address is None and "ray" not in sys.modules:
-            # Ray rewrites 127.0.0.1 to the host's routable address and listens on every
-            # interface unless clusters are off; a local instance needs neither
+        if (address is None or on_loopback(address)) and "ray" not in sys.modules:
+            # Ray rewrites 127.0.0.1 to the host's routable address (and a local instance
+            # listens on every interface) unless clusters are off: a local instance needs
+            # neither, and a driver joining a cluster that listens on loopback only would
+            # knock on the routable address forever
             os.environ.setdefault(LOOPBACK_VARIABLE, "0")
         ray = import_ray()
         self.started = False

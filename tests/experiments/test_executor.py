@@ -107,6 +107,40 @@ def test_leaderboard_on_ray_gives_the_local_rows_and_runs(tmp_path):
         assert len(hist) == int(c.data.metrics["eval/decisions"]) >= 1
 
 
+def test_ray_address_joins_a_running_cluster_on_loopback(tmp_path, monkeypatch):
+    """``--ray-address`` of a cluster listening on 127.0.0.1, from a shell without Ray's
+    loopback switch: the driver stays on loopback (Ray would otherwise rewrite the address
+    to the host's routable one, where nothing listens, and retry forever)."""
+    from ray.cluster_utils import Cluster
+
+    from commgym.experiments.executor import on_loopback
+
+    assert on_loopback("127.0.0.1:6379") and on_loopback("localhost:6379")
+    assert on_loopback("ray://127.0.0.1:10001") and on_loopback("[::1]:6379")
+    assert not on_loopback("10.1.2.3:6379") and not on_loopback("ray://head:10001")
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    try:
+        (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+        monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        out = cli_ok(
+            ["leaderboard", "--scenarios", str(tmp_path / "tiny.yaml"), "--agents",
+             "static:ddp-default", "--seeds", "1", "--output-dir", str(tmp_path / "b"),
+             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--executor", "ray",
+             "--ray-address", cluster.address],
+            tmp_path, timeout_s=300,
+        )  # fmt: skip
+    finally:
+        cluster.shutdown()
+    assert "executor: ray, the Ray cluster (1 node(s), 2 CPUs)" in out
+    assert "1 episodes ran on 1 Ray node(s)" in out
+    [row] = read_leaderboard_csv(tmp_path / "b" / "leaderboard-tiny.csv")
+    assert row["agent"] == "static:ddp-default" and math.isfinite(row["final_eval_loss"])
+
+
 def test_train_on_ray_learns_on_an_env_actor_and_evaluates_there(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     out = cli_ok(
