@@ -155,7 +155,8 @@ def test_train_on_ray_learns_on_an_env_actor_and_evaluates_there(tmp_path):
     assert len(rows) >= 1 + 16  # header + the decisions PPO learned from, logged here
 
 
-def test_sigterm_of_the_driver_leaves_no_actor_rank_or_network(tmp_path):
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_or_ctrl_c_of_the_driver_leaves_no_actor_rank_or_network(tmp_path, sig, status):
     from commgym.env.net import netem_available
     from tests.experiments.test_cli_signals import _alive, _children, _Reader
 
@@ -185,12 +186,12 @@ def test_sigterm_of_the_driver_leaves_no_actor_rank_or_network(tmp_path):
         everything = _children(proc.pid)
         networks = {_rdzv_id(p) for p in everything} - {None}
         time.sleep(1.0)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 143, reader.text[-3000:]
+    assert proc.returncode == status, reader.text[-3000:]
     time.sleep(2.0)
     left = _alive(everything)
     assert not left, f"left running: {[_cmdline(p)[:120] for p in left]}"
