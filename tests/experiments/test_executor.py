@@ -202,6 +202,98 @@ def test_sigterm_or_ctrl_c_of_the_driver_leaves_no_actor_rank_or_network(tmp_pat
         assert not left, f"namespaces left behind: {left}"
 
 
+def test_sigterm_of_a_driver_on_two_nodes_leaves_nothing_on_either(tmp_path):
+    """The driver joins a two-node cluster (``--ray-address``), an env actor recording on
+    each node; its SIGTERM leaves no actor, rank or namespace on either node (they are not
+    the driver's children: the nodes' cleanup tasks remove them)."""
+    from ray.cluster_utils import Cluster
+
+    from commgym.agents.ray_env import TAG_VARIABLE
+    from commgym.env.net import netem_available
+    from tests.agents.test_ray_env import _netns, _network_names
+    from tests.experiments.test_cli_signals import _alive, _Reader
+
+    ok, _ = netem_available()
+    net = ["--network", "1gbit"] if ok else []
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    cmd = [
+        sys.executable, "-m", "commgym.experiments.cli", "collect", "--config", "smoke",
+        "--decisions", "100000", "--no-bench", "--out", str(tmp_path / "t.csv"),
+        "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--executor", "ray",
+        "--ray-address", cluster.address, *net,
+    ]  # fmt: skip
+    try:
+        proc = subprocess.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        reader = _Reader(proc)
+        try:
+            deadline = time.monotonic() + 240
+            tagged: dict[str, set[int]] = {}
+            while time.monotonic() < deadline and proc.poll() is None:
+                tagged = _by_tag(TAG_VARIABLE)
+                if len([t for t, pids in tagged.items() if len(pids) >= 3]) >= 2:
+                    break
+                time.sleep(0.5)
+            assert len(tagged) >= 2, reader.text[-3000:]
+            actors = {p for p in _pids() if _cmdline(p).startswith("ray::EnvRunner")}
+            raylets = {_ppid(p) for p in actors}
+            everything = set().union(*tagged.values()) | actors
+            networks = _network_names(everything)
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 143, reader.text[-3000:]
+        assert len(raylets) == 2, raylets  # an env actor under each node's raylet
+        time.sleep(2.0)
+        left = _alive(everything)
+        assert not left, f"left running: {[_cmdline(p)[:120] for p in left]}"
+        assert not set(_by_tag(TAG_VARIABLE)) & set(tagged)
+        if ok:
+            assert len(networks) >= 2, "the ranks ran in no emulated network"
+            left_ns = [ns for ns in _netns() if ns.split("-")[0] in networks]
+            assert not left_ns, f"namespaces left behind: {left_ns}"
+    finally:
+        cluster.shutdown()
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def _pids() -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+def _by_tag(variable: str) -> dict[str, set[int]]:
+    """Processes whose environment carries ``variable``, by its value."""
+    found: dict[str, set[int]] = {}
+    prefix = f"{variable}=".encode()
+    for pid in _pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                entries = f.read().split(b"\0")
+        except OSError:
+            continue
+        for e in entries:
+            if e.startswith(prefix):
+                found.setdefault(e[len(prefix) :].decode(), set()).add(pid)
+    return found
+
+
 def _rdzv_id(pid: int) -> str | None:
     argv = _cmdline(pid).split()
     return argv[argv.index("--rdzv-id") + 1] if "--rdzv-id" in argv else None
