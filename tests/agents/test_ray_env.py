@@ -64,13 +64,21 @@ def _measured(info):
 
 def test_two_env_actors_in_parallel_match_the_same_seeds_run_sequentially(local_ray):
     import gymnasium as gym
+    from ray.util import placement_group_table
 
     import commgym.env  # noqa: F401 - registers the env
+    from commgym.agents.ray_env import actor_resources
 
     cfg = EnvConfig(**CONFIG)
+    assert actor_resources(cfg) == {"CPU": 2.0}  # by default: world size x threads per rank
     # two actors of one CPU each: both fit the 2-CPU instance, so they step at once
     vec = RayVecEnv(cfg, 2, resources={"CPU": 1})
     try:
+        for group in vec.group.groups:  # one bundle each, its ranks on one host
+            table = placement_group_table(group)
+            assert table["strategy"] == "STRICT_PACK", table
+            assert list(table["bundles"].values()) == [{"CPU": 1.0}], table
+            assert table["state"] == "CREATED", table
         where = vec.group.describe()
         assert len({d["pid"] for d in where}) == 2
         ports = {tuple(d["control_address"] or ()) for d in where}
