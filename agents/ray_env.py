@@ -35,6 +35,7 @@ import secrets
 import signal
 import socket
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices
 from commgym.env import EnvConfig
 
 __all__ = [
+    "PLACE_TIMEOUT_S",
+    "RESTART_TIMEOUT_S",
     "TAG_VARIABLE",
     "EnvActors",
     "EnvRunner",
@@ -55,6 +58,7 @@ __all__ = [
     "cleanup_nodes",
     "import_ray",
     "kill_tagged",
+    "restarted_reset",
 ]
 
 #: Environment variable every rank launched by an env actor carries (the actor's tag).
@@ -62,6 +66,9 @@ TAG_VARIABLE = "COMMGYM_RAY_ACTOR"
 
 #: Seconds to wait for the env actors' placement groups before giving up.
 PLACE_TIMEOUT_S = 120.0
+
+#: Seconds a dead env actor gets to come back (Ray restarts it) before it is given up.
+RESTART_TIMEOUT_S = 180.0
 
 
 def import_ray() -> Any:
@@ -160,6 +167,34 @@ def cleanup_nodes(tags: Sequence[str], timeout_s: float = 60.0) -> list[dict[str
     return out
 
 
+def restarted_reset(actor: Any, tag: str, timeout_s: float = RESTART_TIMEOUT_S) -> tuple:
+    """``reset()`` of an env actor that died: waits for Ray to restart it, then resets it.
+
+    Raises:
+        RuntimeError: it is not back within ``timeout_s`` (no node has room for its
+            placement group) or cannot be restarted any more (``max_restarts`` used up).
+    """
+    ray = import_ray()
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(actor.reset.remote(), timeout=max(0.0, deadline - time.monotonic()))
+        except ActorUnavailableError as err:  # still restarting: ask again
+            if time.monotonic() >= deadline:
+                why = err
+                break
+            time.sleep(0.5)
+        except (GetTimeoutError, RayActorError) as err:
+            why = err
+            break
+    raise RuntimeError(
+        f"env actor {tag} died and did not come back within {timeout_s:.0f} s "
+        f"({type(why).__name__}); `ray status` shows whether the cluster has room for it"
+    )
+
+
 class EnvRunner:
     """The body of one env actor: one ``commgym/AllReduce-v0`` env and its ranks.
 
@@ -181,6 +216,12 @@ class EnvRunner:
 
         self.tag = tag
         self.env: gym.Env = gym.make("commgym/AllReduce-v0", config=config)
+        # a restarted incarnation: the episode its predecessor was in is lost; a step the
+        # caller sent before it learnt of the death answers that, not "reset needed"
+        with warnings.catch_warnings():  # Ray 2.60's property reads its own deprecated field
+            warnings.simplefilter("ignore", DeprecationWarning)
+            context = import_ray().get_runtime_context()
+            self._lost_episode = bool(context.was_current_actor_reconstructed)
 
     # -- where and what -------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -206,18 +247,42 @@ class EnvRunner:
     # -- the VecEnv protocol (as SubprocVecEnv's worker answers it) -------------------------
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
         """``env.reset(seed=seed, options=options)``."""
+        self._lost_episode = False
         return self.env.reset(seed=seed, options=options)
 
+    def _lost(self) -> tuple[np.ndarray, dict[str, Any], dict[str, Any]]:
+        """The step a restarted actor answers before its first reset: the episode is lost.
+
+        Returns:
+            ``(first observation of a new episode, failure info, that reset's info)``.
+        """
+        obs, reset_info = self.reset()
+        why = f"env actor {self.tag} was restarted: its previous incarnation died in the episode"
+        return obs, {"failure": why, "reason": "failure"}, reset_info
+
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        """``env.step(action)``: ``(obs, reward, terminated, truncated, info)``."""
+        """``env.step(action)``: ``(obs, reward, terminated, truncated, info)``.
+
+        On a restarted actor before its first reset: the lost episode's end, ``terminated``
+        with ``info["failure"]``.
+        """
+        if self._lost_episode:
+            obs, info, _ = self._lost()
+            return obs, 0.0, True, False, info
         return self.env.step(action)
 
     def vec_step(self, action: Any) -> tuple[np.ndarray, float, bool, dict[str, Any], dict]:
         """One step with SB3's auto-reset: ``(obs, reward, done, info, reset_info)``.
 
         When the episode ends, ``info["terminal_observation"]`` holds its last observation
-        and ``obs`` is the next episode's first (``reset_info`` its ``info``).
+        and ``obs`` is the next episode's first (``reset_info`` its ``info``). On a
+        restarted actor before its first reset: the lost episode's end, ``done`` with
+        ``info["failure"]``.
         """
+        if self._lost_episode:
+            obs, info, reset_info = self._lost()
+            info["TimeLimit.truncated"] = False  # terminal_observation: the driver's last
+            return obs, 0.0, True, info, reset_info
         obs, reward, terminated, truncated, info = self.env.step(action)
         done = bool(terminated or truncated)
         info["TimeLimit.truncated"] = bool(truncated and not terminated)
@@ -391,11 +456,13 @@ class RayVecEnv(VecEnv):
         place_timeout_s: deadline for placing the actors.
         actors: ``(handle, tag)`` of env actors that exist already (an executor's): used
             instead of creating ``n_envs`` new ones, and left running by :meth:`close`.
+        restart_timeout_s: how long a step waits for a dead actor to come back.
 
     Raises:
         ModuleNotFoundError: Ray is not installed.
         ValueError: the cluster cannot hold ``n_envs`` actors.
-        RuntimeError: they could not be placed in time.
+        RuntimeError: they could not be placed in time; in ``step_wait``: a dead actor
+            did not come back within ``restart_timeout_s``.
     """
 
     def __init__(
@@ -407,8 +474,10 @@ class RayVecEnv(VecEnv):
         flatten_actions: bool = False,
         place_timeout_s: float = PLACE_TIMEOUT_S,
         actors: Sequence[tuple[Any, str]] | None = None,
+        restart_timeout_s: float = RESTART_TIMEOUT_S,
     ) -> None:
         ray = import_ray()
+        self.restart_timeout_s = restart_timeout_s
         self.group: EnvActors | None = None
         if actors is None:
             self.group = EnvActors(
@@ -478,10 +547,13 @@ class RayVecEnv(VecEnv):
                     "terminal_observation": self._last_obs[i],
                 }
                 # Ray restarts the actor (max_restarts); the env goes on from a reset
-                o, reset_info = ray.get(self.actors[i].reset.remote())
+                o, reset_info = restarted_reset(
+                    self.actors[i], self.tags[i], self.restart_timeout_s
+                )
                 r, d = 0.0, True
             if d:
                 self.reset_infos[i] = dict(reset_info)
+                info.setdefault("terminal_observation", self._last_obs[i])
             o = np.asarray(o)
             self._last_obs[i] = o
             obs.append(o)
@@ -548,6 +620,8 @@ class RayEnv(gym.Env):
         place_timeout_s: deadline for placing the actor.
         actor: ``(handle, tag)`` of an env actor that exists already (an executor's):
             used instead of a new one, and left running by :meth:`close`.
+        restart_timeout_s: how long ``reset`` waits for a dead actor to come back
+            (``RuntimeError`` after that).
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's convention
@@ -559,15 +633,16 @@ class RayEnv(gym.Env):
         resources: dict[str, float] | None = None,
         place_timeout_s: float = PLACE_TIMEOUT_S,
         actor: tuple[Any, str] | None = None,
+        restart_timeout_s: float = RESTART_TIMEOUT_S,
     ) -> None:
         ray = import_ray()
+        self.restart_timeout_s = restart_timeout_s
+        self._died = False
         self.config = config
         self.menu = config.menu
         self.group: EnvActors | None = None
         if actor is None:
-            self.group = EnvActors(
-                config, 1, resources=resources, place_timeout_s=place_timeout_s
-            )
+            self.group = EnvActors(config, 1, resources=resources, place_timeout_s=place_timeout_s)
             actor = (self.group.actors[0], self.group.tags[0])
         self.actor, self.tag = actor
         try:
@@ -585,6 +660,9 @@ class RayEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # noqa: D102
         ray = import_ray()
         super().reset(seed=seed)
+        if self._died:  # Ray restarts the actor: wait for it, within limits
+            restarted_reset(self.actor, self.tag, self.restart_timeout_s)
+            self._died = False
         obs, info = ray.get(self.actor.reset.remote(seed=seed, options=options))
         self._last_obs = np.asarray(obs)
         return obs, info
@@ -596,6 +674,7 @@ class RayEnv(gym.Env):
         try:
             obs, reward, terminated, truncated, info = ray.get(self.actor.step.remote(action))
         except RayActorError as err:
+            self._died = True
             why = f"env actor {self.tag} died during the step: {err}"
             return self._last_obs, 0.0, True, False, {"failure": why, "reason": "failure"}
         self._last_obs = np.asarray(obs)

@@ -46,7 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from commgym.agents.ray_env import EnvActors, actor_resources, cleanup_nodes, import_ray
+from commgym.agents.ray_env import (
+    RESTART_TIMEOUT_S,
+    EnvActors,
+    actor_resources,
+    cleanup_nodes,
+    import_ray,
+)
 from commgym.agents.rollout import Episode, rollout
 
 __all__ = [
@@ -67,9 +73,6 @@ LOOPBACK_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 #: Signals whose handlers survive ``ray.init`` (see :class:`RayExecutor`).
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-#: Seconds a dead actor gets to come back (Ray restarts it) before it is dropped.
-RESTART_TIMEOUT_S = 180.0
 
 
 @dataclass(frozen=True)
