@@ -36,6 +36,7 @@ import json
 import math
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -58,6 +59,7 @@ from commgym.agents.rollout import Episode, rollout
 __all__ = [
     "PlayedEpisode",
     "RayExecutor",
+    "bootstrap_address",
     "failed_episode",
     "load_policy",
     "on_loopback",
@@ -65,6 +67,7 @@ __all__ = [
     "play_episode",
     "policy_bytes",
     "tune_agent",
+    "unreachable",
 ]
 
 #: Set to "0" for a Ray instance on loopback: it then binds and advertises 127.0.0.1 only,
@@ -172,12 +175,12 @@ def tune_agent(env: Any, name: str, kwargs: dict[str, Any], decisions: int) -> t
     return policy_bytes(agent), time.perf_counter() - t0
 
 
-def on_loopback(address: str) -> bool:
-    """Whether the Ray cluster at ``address`` listens on loopback (a one-host cluster).
+def bootstrap_address(address: str) -> str | None:
+    """``HOST:PORT`` of the Ray cluster ``address`` names (as ``ray.init`` takes it).
 
-    ``address`` as ``ray.init`` takes it; ``"auto"`` is looked up as Ray does, without
-    importing Ray: ``$RAY_ADDRESS``, else the address the last ``ray start --head`` of
-    this host recorded (``ray_current_cluster`` in Ray's temp folder).
+    ``"auto"`` is looked up as Ray does, without importing Ray: ``$RAY_ADDRESS``, else the
+    address the last ``ray start --head`` of this host recorded (``ray_current_cluster`` in
+    Ray's temp folder); ``None`` when neither exists (Ray's own search decides then).
     """
     if address == "auto":
         address = os.environ.get("RAY_ADDRESS") or ""
@@ -186,9 +189,32 @@ def on_loopback(address: str) -> bool:
             try:
                 address = (Path(tmp) / "ray" / "ray_current_cluster").read_text().strip()
             except OSError:
-                return False
-    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+                return None
+    return address.split("://", 1)[-1] or None
+
+
+def on_loopback(address: str) -> bool:
+    """Whether the Ray cluster at ``address`` listens on loopback (a one-host cluster)."""
+    where = bootstrap_address(address)
+    host = "" if where is None else where.rsplit(":", 1)[0].strip("[]")
     return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def unreachable(address: str, timeout_s: float = 10.0) -> str | None:
+    """Why nothing answers at the Ray cluster ``address`` (``None``: something does).
+
+    ``ray.init`` retries an address where nothing listens forever (and cannot be
+    interrupted meanwhile), so the driver knocks once itself first.
+    """
+    where = bootstrap_address(address)
+    if where is None:
+        return None
+    host, _, port = where.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as err:
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 def _config_key(config: Any) -> str:
@@ -249,12 +275,18 @@ class RayExecutor:
                 self.started = True
             else:
                 try:
+                    why = unreachable(address)
+                    if why is not None:
+                        raise ConnectionError(
+                            f"nothing answers at {bootstrap_address(address)}: {why}"
+                        )
                     ray.init(address=address, logging_level="WARNING")
                 except ConnectionError as err:
                     raise ValueError(
                         f"cannot connect to the Ray cluster at {address!r} ({err}); start one "
-                        "with `ray start --head --node-ip-address 127.0.0.1`, or omit "
-                        "--ray-address for a local Ray instance"
+                        "with `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head "
+                        "--node-ip-address 127.0.0.1`, or omit --ray-address for a local Ray "
+                        "instance"
                     ) from None
         for sig, handler in handlers.items():
             if handler is not None:

@@ -107,6 +107,21 @@ def test_leaderboard_on_ray_gives_the_local_rows_and_runs(tmp_path):
         assert len(hist) == int(c.data.metrics["eval/decisions"]) >= 1
 
 
+def test_a_ray_address_where_nothing_listens_is_one_error_line_not_a_hang(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    args = ["leaderboard", "--scenarios", str(tmp_path / "tiny.yaml"), "--agents",
+            "static:ddp-default", "--seeds", "1", "--output-dir", str(tmp_path / "b"),
+            "--executor", "ray", "--ray-address", "127.0.0.1:1"]  # fmt: skip
+    t0 = time.monotonic()
+    proc = cli(args, tmp_path, 180)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: cannot connect to the Ray cluster at '127.0.0.1:1'")
+    assert "Connection refused" in lines[0]
+    assert time.monotonic() - t0 < 120
+
+
 def test_ray_address_joins_a_running_cluster_on_loopback(tmp_path, monkeypatch):
     """``--ray-address`` of a cluster listening on 127.0.0.1, from a shell without Ray's
     loopback switch: the driver stays on loopback (Ray would otherwise rewrite the address
