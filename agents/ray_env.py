@@ -170,6 +170,14 @@ def cleanup_nodes(tags: Sequence[str], timeout_s: float = 60.0) -> list[dict[str
 def restarted_reset(actor: Any, tag: str, timeout_s: float = RESTART_TIMEOUT_S) -> tuple:
     """``reset()`` of an env actor that died: waits for Ray to restart it, then resets it.
 
+    Args:
+        actor: the env actor's handle (created with ``max_restarts``).
+        tag: its tag, for the message.
+        timeout_s: how long Ray gets to bring it back.
+
+    Returns:
+        ``(obs, info)`` of the restarted env's first episode.
+
     Raises:
         RuntimeError: it is not back within ``timeout_s`` (no node has room for its
             placement group) or cannot be restarted any more (``max_restarts`` used up).
