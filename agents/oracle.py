@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -330,9 +330,45 @@ class OracleStaticAgent(StepAgent):
             self.search_cost_s = time.perf_counter() - t0
             if progress is not None:
                 progress.close()
+        self._set_ranking(done)
+        return self
+
+    def rank(
+        self, episodes: Mapping[str, Sequence[Episode]], search_cost_s: float
+    ) -> OracleStaticAgent:
+        """Rank entries from their episodes played elsewhere (e.g. in parallel on Ray).
+
+        What :meth:`learn` does after playing every entry itself: ``episodes[entry]``
+        holds the entry's episodes in :attr:`seeds` order (each a
+        :func:`~commgym.agents.rollout.rollout` of ``static:<entry>`` on that seed).
+
+        Args:
+            episodes: entry (as in :attr:`entries`) -> its episodes.
+            search_cost_s: wall time the search took, s.
+
+        Returns:
+            self, as after :meth:`learn`.
+
+        Raises:
+            ValueError: an entry without one episode per seed.
+        """
+        budget = float(self.env.unwrapped.config.time_budget_s)
+        for entry in self.entries:
+            if len(episodes.get(entry, ())) != len(self.seeds):
+                raise ValueError(
+                    f"entry {entry!r} needs {len(self.seeds)} episodes (one per seed), got "
+                    f"{len(episodes.get(entry, ()))}"
+                )
+        done = [OracleEntry.from_episodes(e, list(episodes[e]), budget) for e in self.entries]
+        self.search_cost_s = float(search_cost_s)
+        self.search_decisions = sum(ep.decisions for e in done for ep in e.episodes)
+        self.search_train_time_s = sum(ep.train_time_s for e in done for ep in e.episodes)
+        self._set_ranking(done)
+        return self
+
+    def _set_ranking(self, done: list[OracleEntry]) -> None:
         self.ranking = sorted(done, key=OracleEntry.rank_key)
         self._best = self.menu.encode(self._entry_config(self.ranking[0].config))
-        return self
 
     def _entry_config(self, config: str) -> CommConfig:
         return StaticAgent(self.env, preset=config).config

@@ -70,7 +70,11 @@ def _quiet_logger(model: Any) -> None:
 
 
 class _FunctionCallback(BaseCallback):
-    """Adapts ``callback(step: dict) -> bool`` to SB3's callback protocol (one env)."""
+    """Adapts ``callback(step: dict) -> bool`` to SB3's callback protocol.
+
+    Called once per env of the algorithm's ``VecEnv`` and step (a ``RayVecEnv`` has
+    several); the step dict then also says which env (``"env"``, 0-based).
+    """
 
     def __init__(self, fn: LearnCallback, to_multi: Any) -> None:
         super().__init__()
@@ -79,18 +83,23 @@ class _FunctionCallback(BaseCallback):
 
     def _on_step(self) -> bool:
         loc = self.locals
-        info = dict(loc["infos"][0])
-        done = bool(loc["dones"][0])
-        truncated = done and bool(info.get("TimeLimit.truncated", False))
-        obs = info.get("terminal_observation") if done else None
-        if obs is None:
-            obs = np.asarray(loc["new_obs"])[0]
-        action = self._to_multi(np.asarray(loc["actions"])[0])
-        reward = float(np.asarray(loc["rewards"])[0])
-        step = step_report(
-            obs, action, reward, done and not truncated, truncated, info, self.num_timesteps
-        )
-        return self._fn(step) is not False
+        keep = True
+        for i in range(len(loc["dones"])):
+            info = dict(loc["infos"][i])
+            done = bool(loc["dones"][i])
+            truncated = done and bool(info.get("TimeLimit.truncated", False))
+            obs = info.get("terminal_observation") if done else None
+            if obs is None:
+                obs = np.asarray(loc["new_obs"])[i]
+            action = self._to_multi(np.asarray(loc["actions"])[i])
+            reward = float(np.asarray(loc["rewards"])[i])
+            step = step_report(
+                obs, action, reward, done and not truncated, truncated, info, self.num_timesteps
+            )
+            if len(loc["dones"]) > 1:
+                step["env"] = i
+            keep = self._fn(step) is not False and keep
+        return keep
 
 
 class _RichProgressCallback(BaseCallback):
@@ -130,6 +139,10 @@ class SB3Agent(Agent):
     Args:
         env: commgym env (``MultiDiscrete`` action space).
         seed: SB3 seed (torch, numpy, action space).
+        vec_env: the ``VecEnv`` the algorithm learns from instead of ``env`` (e.g. a
+            :class:`~commgym.agents.ray_env.RayVecEnv`, actions as the algorithm takes
+            them: flattened for DQN, see :attr:`flat_actions`); ``env`` then only gives
+            the menu and spaces. Not a hyperparameter: not saved.
         **hyperparams: keyword arguments of the SB3 algorithm (``policy`` defaults to
             ``"MlpPolicy"``, ``device`` to ``"cpu"``); they override :attr:`defaults`.
 
@@ -142,13 +155,23 @@ class SB3Agent(Agent):
     algo: ClassVar[type[BaseAlgorithm]]
     #: Defaults for the slow real env (overridable by keyword).
     defaults: ClassVar[dict[str, Any]] = {}
+    #: The algorithm acts on the menu's flattening (``Discrete``), not on it.
+    flat_actions: ClassVar[bool] = False
 
-    def __init__(self, env: gym.Env, *, seed: int | None = None, **hyperparams: Any) -> None:
+    def __init__(
+        self,
+        env: gym.Env,
+        *,
+        seed: int | None = None,
+        vec_env: Any = None,
+        **hyperparams: Any,
+    ) -> None:
         merged = {"policy": "MlpPolicy", "device": "cpu", **self.defaults, **hyperparams}
         super().__init__(env, seed=seed, **merged)
         kwargs = dict(merged)
         policy = kwargs.pop("policy")
-        self.model = self.algo(policy, self._algo_env(env), seed=seed, **kwargs)
+        algo_env = self._algo_env(env) if vec_env is None else vec_env
+        self.model = self.algo(policy, algo_env, seed=seed, **kwargs)
         _quiet_logger(self.model)
         self._learned_once = False
         self._rng = np.random.default_rng(seed)
@@ -399,6 +422,7 @@ class DQNAgent(SB3Agent):
 
     name = "dqn"
     algo = DQN
+    flat_actions = True
     defaults: ClassVar[dict[str, Any]] = {
         "learning_starts": 32, "buffer_size": 5000, "train_freq": 4,
         "target_update_interval": 100, "exploration_fraction": 0.3,

@@ -63,7 +63,14 @@ from commgym.experiments.cli_options import (
 )
 from commgym.experiments.config import CliField
 
-__all__ = ["COLLECT_OPTIONS", "EVALUATE_OPTIONS", "REPLAY_OPTIONS", "RegistryHelpCommand", "app"]
+__all__ = [
+    "COLLECT_OPTIONS",
+    "EVALUATE_OPTIONS",
+    "EXECUTOR_OPTIONS",
+    "REPLAY_OPTIONS",
+    "RegistryHelpCommand",
+    "app",
+]
 
 
 app = typer.Typer(
@@ -211,9 +218,13 @@ def _check_outputs(cfg: Any) -> None:
     _check_tracking(cfg.tracking_uri)
 
 
+#: Where a command's real episodes run (``--executor``, ``--ray-address``, ``--ray-envs``).
+EXECUTOR_OPTIONS: tuple[str, ...] = ("executor", "ray_address", "ray_envs")
+
 #: Options ``commgym evaluate`` takes from the config (the others are its own).
 EVALUATE_OPTIONS: tuple[str, ...] = (
     "baselines", "episodes", *ENV_OPTIONS, "tuning_decisions", "tracking_uri", "output_dir",
+    *EXECUTOR_OPTIONS,
 )  # fmt: skip
 
 
@@ -454,7 +465,7 @@ def replay_cmd(policy: str, steps: int | None = None, *, overrides: dict[str, An
 
 
 #: Options ``commgym collect`` takes from the config (the others are its own).
-COLLECT_OPTIONS: tuple[str, ...] = (*ENV_OPTIONS, "seed", "tracking_uri")
+COLLECT_OPTIONS: tuple[str, ...] = (*ENV_OPTIONS, "seed", "tracking_uri", *EXECUTOR_OPTIONS)
 
 
 #: The collect command's own options (the seed is the config's ``seed``).
@@ -486,16 +497,18 @@ def collect_cmd(
     """
     from commgym.experiments.collect import collect, fit_surrogate
     from commgym.experiments.config import load_run_config
+    from commgym.experiments.executor import open_executor
     from commgym.experiments.session import check_network
 
     seed = overrides.get("seed", 0)
     try:
         cfg = load_run_config(config or "default", {**overrides, "env.seed": seed})
         check_network(cfg.env_config.network_plan, cfg.env_config.network_strict)
-        res = collect(
-            cfg.env_config, decisions=decisions, policy=policy, seed=seed, out=out,
-            bench=bench, tracking_uri=cfg.tracking_uri,
-        )  # fmt: skip
+        with open_executor(cfg) as executor:
+            res = collect(
+                cfg.env_config, decisions=decisions, policy=policy, seed=seed, out=out,
+                bench=bench, tracking_uri=cfg.tracking_uri, executor=executor,
+            )  # fmt: skip
     except (ValueError, RuntimeError, FileNotFoundError) as err:
         fail(err)
     typer.echo(f"{res['decisions']} decisions in {res['seconds']:.1f} s -> {res['path']}")
@@ -549,6 +562,7 @@ LEADERBOARD_OPTIONS: tuple[str, ...] = (
     "env.max_decisions",
     "env.network_strict",
     "tracking_uri",
+    *EXECUTOR_OPTIONS,
 )
 
 
@@ -594,6 +608,7 @@ def leaderboard_cmd(
 
     overrides = dict(overrides)
     tracking_uri = overrides.pop("tracking_uri", None)
+    where = {k: overrides.pop(k) for k in EXECUTOR_OPTIONS if k in overrides}
     try:
         _check_writable_dir(output_dir, "--output-dir")
         _check_tracking(tracking_uri)
@@ -607,6 +622,7 @@ def leaderboard_cmd(
             tracking_uri=tracking_uri,
             policy_dir=policy_dir,
             overrides=overrides,
+            **where,
         )
     except (ValueError, FileNotFoundError, PermissionError) as err:
         fail(err)

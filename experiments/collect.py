@@ -12,10 +12,13 @@ logs the dataset as an MLflow artifact.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import json
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +27,15 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from commgym.env import EnvConfig
 
-__all__ = ["collect", "collect_transitions", "fit_surrogate", "record_dataset"]
+__all__ = [
+    "collect",
+    "collect_transitions",
+    "concat_streams",
+    "fit_surrogate",
+    "record_dataset",
+    "record_on_ray",
+    "record_stream",
+]
 
 POLICIES = ("sticky", "random", "grid")
 
@@ -122,12 +133,119 @@ def record_dataset(
         bench_path.write_text(json.dumps(samples))
     path = collect_transitions(env, out, decisions, policy, seed, on_step)
     secs = time.perf_counter() - t0
+    _log_collection(run, path, bench_path, decisions, secs)
+    return path, bench_path, secs
+
+
+def _log_collection(
+    run: Any, path: Path, bench_path: Path | None, decisions: int, secs: float
+) -> None:
+    """Both files and ``collect/*`` metrics into ``run`` (``None``: nothing logged)."""
     if run is not None:
         for f in (bench_path, path):
             if f is not None:
                 run.log_artifact(f)
         run.log_metrics({"collect/decisions": decisions, "collect/seconds": secs}, step=0)
-    return path, bench_path, secs
+
+
+def record_on_ray(
+    executor: Any,
+    config: EnvConfig,
+    out: str | Path,
+    decisions: int,
+    policy: str = "sticky",
+    seed: int = 0,
+    bench: bool = True,
+    run: Any = None,
+    on_stream: Callable[[float], None] | None = None,
+) -> tuple[Path, Path | None, float]:
+    """:func:`record_dataset` in parallel streams on the env actors of a Ray executor.
+
+    One stream per env actor (``executor.envs``, or as many as the cluster holds, at
+    most ``decisions``): stream ``k`` records its share of ``decisions`` from seed
+    ``seed + k`` (one stream: the very recording :func:`record_dataset` makes here);
+    the first also times the collectives. The streams land in ``out`` one after another,
+    episodes renumbered (:func:`concat_streams`).
+
+    Args:
+        executor: a :class:`~commgym.experiments.executor.RayExecutor`.
+        config: the env configuration recorded.
+        out: transitions file (CSV); the collective timings go next to it.
+        decisions: real decisions in all.
+        policy: exploration policy (:data:`POLICIES`).
+        seed: seed of the first stream.
+        bench: time all-reduce / all-gather first (in the first stream).
+        run: a ``RunLogger`` for the files and ``collect/*`` metrics, or ``None``.
+        on_stream: called with a stream's decisions when it is in (progress display).
+
+    Returns:
+        ``(transitions path, bench path or None, wall seconds)``.
+    """
+    out = Path(out)
+    if out.suffix == ".parquet":
+        raise ValueError("parallel recording writes CSV; give --out a .csv file")
+    wanted = executor.envs if executor.envs is not None else executor.capacity(config)
+    k = max(1, min(wanted, decisions))
+    shares = [decisions // k + (i < decisions % k) for i in range(k)]
+    jobs = [(n, policy, seed + i, bench and i == 0) for i, n in enumerate(shares)]
+    t0 = time.perf_counter()
+    texts, bench_text = [], None
+    for i, (text, timings, _) in executor.run(config, record_stream, jobs):
+        texts.append(text)
+        bench_text = timings if i == 0 else bench_text
+        if on_stream is not None:
+            on_stream(shares[i])
+    secs = time.perf_counter() - t0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(concat_streams(texts))
+    bench_path = None
+    if bench_text is not None:
+        bench_path = out.with_suffix(".bench.json")
+        bench_path.write_text(bench_text)
+    _log_collection(run, out, bench_path, decisions, secs)
+    return out, bench_path, secs
+
+
+def record_stream(
+    env: Any, decisions: int, policy: str, seed: int, bench: bool
+) -> tuple[str, str | None, float]:
+    """A recording cell (runs in an env actor): :func:`~commgym.experiments.collect.record_dataset`.
+
+    Returns:
+        ``(transitions CSV text, collective timings JSON text or None, seconds)``.
+    """
+    with tempfile.TemporaryDirectory(prefix="commgym-record-") as tmp:
+        path, bench_path, secs = record_dataset(
+            env, Path(tmp) / "transitions.csv", decisions, policy, seed, bench
+        )
+        return (
+            Path(path).read_text(),
+            None if bench_path is None else Path(bench_path).read_text(),
+            secs,
+        )
+
+
+def concat_streams(texts: Sequence[str]) -> str:
+    """Transition CSVs of parallel recording streams as one file, episodes renumbered.
+
+    Stream ``k``'s episodes follow stream ``k-1``'s (the ``episode`` column counts on),
+    so every episode keeps its own number, as in one long recording.
+    """
+    out = io.StringIO()
+    writer: Any = None
+    offset = 0
+    for text in texts:
+        rows = list(csv.DictReader(io.StringIO(text)))
+        if writer is None and rows:
+            writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+        last = -1
+        for row in rows:
+            ep = int(row["episode"])
+            last = max(last, ep)
+            writer.writerow({**row, "episode": ep + offset})
+        offset += last + 1
+    return out.getvalue()
 
 
 def fit_surrogate(
@@ -162,6 +280,7 @@ def collect(
     bench: bool = True,
     tracking_uri: str | None = None,
     experiment: str = "commgym",
+    executor: Any = None,
 ) -> dict[str, Any]:
     """Collect a dataset on real ranks and log it as an MLflow run.
 
@@ -179,6 +298,8 @@ def collect(
             written next to ``out`` as ``.bench.json``.
         tracking_uri: MLflow tracking URI (default store when ``None``).
         experiment: MLflow experiment name.
+        executor: a :class:`~commgym.experiments.executor.RayExecutor`: record in
+            parallel streams on its env actors (:func:`record_on_ray`); ``None``: here.
 
     Returns:
         ``{"path", "bench_path", "decisions", "seconds", "run_id"}``.
@@ -204,7 +325,7 @@ def collect(
         **{k: v for k, v in env_config.to_dict().items() if k != "action_menu"},
         "decisions": decisions, "policy": policy,
     }  # fmt: skip
-    env = gym.make("commgym/AllReduce-v1", config=env_config)
+    env = None if executor is not None else gym.make("commgym/AllReduce-v1", config=env_config)
     try:
         with tracker.start_run(
             f"collect-{policy}", params={**params, **reproducibility_params()},
@@ -213,11 +334,17 @@ def collect(
             from commgym.experiments.progress import phase
 
             with phase(f"recording real decisions ({policy})", decisions, unit="decisions") as adv:
-                path, bench_path, secs = record_dataset(
-                    env, out, decisions, policy, seed, bench, run, on_step=lambda: adv(1)
-                )
+                if executor is None:
+                    path, bench_path, secs = record_dataset(
+                        env, out, decisions, policy, seed, bench, run, on_step=lambda: adv(1)
+                    )
+                else:
+                    path, bench_path, secs = record_on_ray(
+                        executor, env_config, out, decisions, policy, seed, bench, run, adv
+                    )
     finally:
-        env.close()
+        if env is not None:
+            env.close()
     return {
         "path": path, "bench_path": bench_path, "decisions": decisions, "seconds": secs,
         "run_id": run.run_id,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import importlib.util
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import yaml
 __all__ = [
     "CLI_FIELDS",
     "CONFIG_DIR",
+    "EXECUTORS",
     "CliField",
     "RunConfig",
     "can_fine_tune",
@@ -20,6 +22,9 @@ __all__ = [
     "load_run_config",
     "shipped_configs",
 ]
+
+#: Where real episodes run (``RunConfig.executor``): embedded in this process, or on Ray.
+EXECUTORS = ("local", "ray")
 
 #: Folder of the scenario files shipped with commgym (see :func:`shipped_configs`).
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -65,6 +70,15 @@ class RunConfig:
             real ranks (SB3 agents; the sim-to-real recipe, 0 to 10; 0: none). Their
             real decisions count in the agent's training cost. A scenario file's value
             applies to agents that can fine-tune only (:func:`load_run_config`).
+        executor: where real episodes run: ``"local"`` (embedded: this process's env, one
+            episode after another) or ``"ray"`` (env actors on a Ray cluster, independent
+            episodes in parallel; :mod:`commgym.experiments.executor`, needs the
+            ``commgym[ray]`` extra).
+        ray_address: the Ray cluster of ``executor="ray"``, as ``ray.init`` takes it
+            (``"auto"``, ``HOST:PORT``, ``ray://HOST:PORT``); ``None``: ``$RAY_ADDRESS``,
+            else a local Ray instance started on 127.0.0.1 for this run.
+        ray_envs: env actors of ``executor="ray"`` (``None``: as many as the cluster's
+            CPUs hold, each reserving ``world_size x threads_per_rank``).
     """
 
     agent: str = "ppo"
@@ -86,6 +100,9 @@ class RunConfig:
     tuning_decisions: int | None = None
     fine_tune_episodes: int = 0
     baseline_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    executor: str = "local"
+    ray_address: str | None = None
+    ray_envs: int | None = None
 
     def __post_init__(self) -> None:
         if self.env_kind not in ("real", "surrogate"):
@@ -116,6 +133,7 @@ class RunConfig:
             )
         if not isinstance(self.env, dict):
             raise ValueError(f"env must be a mapping of EnvConfig fields, got {self.env!r}")
+        self._check_executor()
         if isinstance(self.baselines, str):
             self.baselines = [b.strip() for b in self.baselines.split(",") if b.strip()]
         from commgym.agents import AGENTS
@@ -153,6 +171,22 @@ class RunConfig:
     def agent_hyperparams(self) -> dict[str, Any]:
         """The learned agent's own hyperparameters: ``agent_kwargs[agent]`` (or none)."""
         return dict(self.agent_kwargs.get(self.agent, {}))
+
+    def _check_executor(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {list(EXECUTORS)}, got {self.executor!r}")
+        envs = self.ray_envs
+        if envs is not None and (isinstance(envs, bool) or not isinstance(envs, int) or envs < 1):
+            raise ValueError(f"ray_envs must be an integer >= 1, got {envs!r}")
+        if self.executor == "local" and (self.ray_address is not None or envs is not None):
+            raise ValueError(
+                f"ray_address={self.ray_address!r} / ray_envs={envs!r} take effect with "
+                "executor 'ray' only (--executor ray)"
+            )
+        if self.executor == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError(
+                "executor 'ray' needs Ray, which is not installed: pip install 'commgym[ray]'"
+            )
 
     @property
     def resolved_tuning_decisions(self) -> int:
@@ -307,6 +341,22 @@ CLI_FIELDS: dict[str, CliField] = {
         "Reveal the configured link rate and straggler jitter in the observation (an "
         "ablation: a real job does not know them).",
         flag="--privileged-obs/--no-privileged-obs",
+    ),
+    "executor": CliField(
+        "Where real episodes run: 'local' (embedded, one after another) or 'ray' (env "
+        "actors on a Ray cluster, independent episodes in parallel; needs "
+        "pip install 'commgym[ray]')."
+    ),
+    "ray_address": CliField(
+        "Ray cluster of --executor ray: auto (the running one), HOST:PORT or "
+        "ray://HOST:PORT (default: $RAY_ADDRESS, else a local Ray instance on 127.0.0.1).",
+        show_default=False,
+    ),
+    "ray_envs": CliField(
+        "Env actors of --executor ray (default: as many as the cluster's CPUs hold, each "
+        "reserving world size x threads per rank).",
+        min=1,
+        show_default=False,
     ),
 }
 

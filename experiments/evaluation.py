@@ -172,6 +172,89 @@ def _evaluation_phase(cfg: RunConfig, runs: int, what: str) -> Any:
     return phase(what, runs, unit="episodes")
 
 
+def _child_run(
+    tracker: Any,
+    parent_id: str | None,
+    scenario: str | None,
+    name: str,
+    seed: int,
+    tags: dict[str, str] | None = None,
+) -> Any:
+    """The MLflow child run of one evaluation episode."""
+    extra = {} if scenario is None else {"scenario": scenario}
+    return tracker.start_run(
+        f"{scenario + '-' if scenario else ''}eval-{name}-seed{seed}",
+        params={"agent": name, "seed": seed, **extra},
+        tags={"commgym.role": "evaluation", **(tags or {})},
+        parent_run_id=parent_id,
+    )
+
+
+def _log_episode(run: Any, wrapped: Any, res: Episode, csv: Path) -> None:
+    """An evaluation episode's decisions CSV and outcome metrics, into its child run."""
+    wrapped.write_csv(csv)
+    run.log_artifact(csv)
+    run.log_metrics(
+        {
+            "eval/return": res.episode_return,
+            "eval/final_eval_loss": res.final_eval_loss,
+            "eval/final_eval_acc": res.final_eval_acc,
+            "eval/bytes_per_step": res.bytes_per_step,
+            "eval/decisions": res.decisions,
+            "eval/time_to_target_s": res.time_to_target_s,
+        },
+        step=0,
+    )
+
+
+def _compare_on_ray(
+    cfg: RunConfig,
+    env: gym.Env,
+    agents: dict[str, Any],
+    tracker: Any,
+    parent_id: str | None,
+    out: Path,
+    scenario: str | None,
+    executor: Any,
+    adv: Callable[[float], None],
+    by_time: bool,
+) -> dict[str, list[Episode]]:
+    """:func:`compare`'s episodes as parallel cells on env actors, logged here in order.
+
+    Each cell sends back its steps; they go through the same
+    :class:`~commgym.experiments.tracking.TrackingWrapper` as a local episode's, so the
+    child runs, metrics and CSVs are the same. A child run also gets the Ray node and
+    actor it ran on as tags (``commgym.ray_node``, ``commgym.ray_actor``).
+    """
+    from collections import Counter
+
+    from commgym.experiments.executor import policy_bytes
+    from commgym.experiments.tracking import TrackingWrapper
+
+    policies = {name: policy_bytes(agent) for name, agent in agents.items()}
+    cells = [(name, cfg.eval_seed + i) for name in agents for i in range(cfg.episodes)]
+    results: dict[str, list[Episode]] = {name: [] for name in agents}
+    nodes: Counter[str] = Counter()
+    target = cfg.env.get("target_loss")
+    for i, played in executor.episodes(cfg.env_config, cells, policies, target):
+        name, seed = cells[i]
+        res = played.episode
+        tags = {"commgym.ray_node": played.node_id, "commgym.ray_actor": played.actor}
+        with _child_run(tracker, parent_id, scenario, name, seed, tags) as run:
+            wrapped = TrackingWrapper(env, run)
+            for action, reward, terminated, truncated, info in played.transitions:
+                wrapped.record(action, reward, terminated, truncated, info)
+            if not played.transitions:  # the actor died: the failure is the only step
+                wrapped.record(None, 0.0, True, False, dict(res.final_info or {}))
+            _log_episode(run, wrapped, res, out / f"decisions-{slug(name)}-seed{seed}.csv")
+        results[name].append(res)
+        nodes[played.node_id] += 1
+        adv(float(cfg.env["time_budget_s"]) if by_time else 1.0)
+    where = ", ".join(f"{node[:12]} x{n}" for node, n in sorted(nodes.items()))
+    console.print(f"{len(cells)} episodes ran on {len(nodes)} Ray node(s): {where}")
+    return results
+
+
 def compare(
     cfg: RunConfig,
     env: gym.Env,
@@ -180,6 +263,7 @@ def compare(
     parent_id: str | None,
     out: Path,
     scenario: str | None = None,
+    executor: Any = None,
 ) -> tuple[dict[str, list[Episode]], list[Path]]:
     """Every agent on the same seeds on real ranks; returns the episodes and the figures.
 
@@ -187,7 +271,9 @@ def compare(
     child run of ``parent_id`` with its ``decisions-<agent>-seed<s>.csv``; then the
     timelines, ``comparison.png`` and ``loss-curves.png`` are drawn into ``out``.
     ``scenario`` (a leaderboard's scenario name) prefixes the child runs' names and is
-    logged as their ``scenario`` parameter.
+    logged as their ``scenario`` parameter. With a
+    :class:`~commgym.experiments.executor.RayExecutor` the (agent, seed) episodes run in
+    parallel on its env actors and are logged here, in the same order.
     """
     from commgym.experiments.plots import (
         action_timeline_plot,
@@ -203,45 +289,32 @@ def compare(
     runs = len(agents) * cfg.episodes
     with _evaluation_phase(cfg, runs, f"evaluating {len(agents)} agents on real ranks") as adv:
         by_time = float(cfg.env.get("time_budget_s", 0) or 0) > 0
-        for name, agent in agents.items():
+        # a bound in hindsight plays each seed's own schedule (a ScheduleAgent, not a policy
+        # file an actor could load): its episodes run here, the others on the actors
+        local = {n: a for n, a in agents.items() if hasattr(a, "for_seed") or executor is None}
+        if executor is not None:
+            remote = {n: a for n, a in agents.items() if n not in local}
+            results = _compare_on_ray(
+                cfg, env, remote, tracker, parent_id, out, scenario, executor, adv, by_time
+            )
+        for name, agent in local.items():
             results[name] = []
             for i in range(cfg.episodes):
                 seed = cfg.eval_seed + i
                 clock = TrainingClock(adv)
-                extra = {} if scenario is None else {"scenario": scenario}
-                with tracker.start_run(
-                    f"{scenario + '-' if scenario else ''}eval-{name}-seed{seed}",
-                    params={"agent": name, "seed": seed, **extra},
-                    tags={"commgym.role": "evaluation"},
-                    parent_run_id=parent_id,
-                ) as run:
+                with _child_run(tracker, parent_id, scenario, name, seed) as run:
                     wrapped = TrackingWrapper(env, run)
-                    # an oracle in hindsight plays what it found for this very seed
                     player = agent.for_seed(seed) if hasattr(agent, "for_seed") else agent
                     res = rollout(
-                        wrapped,
-                        player,
-                        seed,
-                        target_loss=target,
+                        wrapped, player, seed, target_loss=target,
                         on_step=clock if by_time else None,
-                    )
+                    )  # fmt: skip
                     csv = out / f"decisions-{slug(name)}-seed{seed}.csv"
-                    wrapped.write_csv(csv)
-                    run.log_artifact(csv)
-                    run.log_metrics(
-                        {
-                            "eval/return": res.episode_return,
-                            "eval/final_eval_loss": res.final_eval_loss,
-                            "eval/final_eval_acc": res.final_eval_acc,
-                            "eval/bytes_per_step": res.bytes_per_step,
-                            "eval/decisions": res.decisions,
-                            "eval/time_to_target_s": res.time_to_target_s,
-                        },
-                        step=0,
-                    )
+                    _log_episode(run, wrapped, res, csv)
                     results[name].append(res)
                 # an episode that ended early (target, failure) finishes its share
                 adv(float(cfg.env["time_budget_s"]) - clock.done_s if by_time else 1.0)
+        results = {name: results[name] for name in agents}  # the caller's order
     for name, eps in results.items():
         if any(e.steps for e in eps):
             figures.append(
@@ -323,7 +396,11 @@ def search_oracle(name: str, agent: Any, cost: TrainingCost, *, real: bool = Tru
 
 
 def prepare_baseline(
-    name: str, env: gym.Env, cfg: RunConfig, prepared: dict[str, Any] | None = None
+    name: str,
+    env: gym.Env,
+    cfg: RunConfig,
+    prepared: dict[str, Any] | None = None,
+    executor: Any = None,
 ) -> tuple[Any, TrainingCost]:
     """Build a baseline agent; tuners (bayesopt, grid, bandit, ...) tune first on the env.
 
@@ -333,7 +410,10 @@ def prepare_baseline(
     its tuning already counts in the measured time) and static presets get no tuning
     phase; the oracles run their searches (``search_s``): ``oracle-static`` every entry on
     the evaluation seeds, ``oracle-adaptive`` every entry at every phase boundary (on top
-    of ``oracle-static``'s search, shared when ``prepared`` holds a learned one).
+    of ``oracle-static``'s search, shared when ``prepared`` holds a learned one). With a
+    :class:`~commgym.experiments.executor.RayExecutor` the tuning runs on an env actor
+    and ``oracle-static``'s (entry, seed) episodes run in parallel on all of them
+    (``oracle-adaptive`` forks episodes on this process's ranks).
 
     Args:
         name: the agent's name (registry name or ``static:<preset>``).
@@ -341,6 +421,7 @@ def prepare_baseline(
         cfg: the run configuration.
         prepared: agents built before, by name (``oracle-adaptive`` reuses
             ``oracle-static``'s search from here).
+        executor: a :class:`~commgym.experiments.executor.RayExecutor`, or ``None``.
 
     Returns:
         ``(agent, cost)``.
@@ -361,13 +442,32 @@ def prepare_baseline(
             hyper["static"] = shared[0]
     agent = build_agent(name, env, cfg, hyper)
     if agent.oracle:
-        search_oracle(name, agent, cost)
+        if executor is not None and isinstance(agent, OracleStaticAgent):
+            t0 = time.perf_counter()
+            with phase(f"{name}: every menu entry on the evaluation seeds"):
+                _search_on_ray(agent, env, cfg, executor)
+            cost.add("search_s", time.perf_counter() - t0, int(agent.search_decisions))
+            console.print(
+                f"{name} searched {len(agent.ranking)} entries in {cost.wall_s:.1f} s "
+                f"({agent.search_decisions} real decisions; search cost, reported apart)"
+            )
+        else:
+            search_oracle(name, agent, cost)
     elif not name.startswith("static:") and name != "random" and not agent.online:
         n = cfg.resolved_tuning_decisions
-        t0 = time.perf_counter()
-        with phase(f"tuning baseline {name} on real ranks", n, unit="decisions") as adv:
-            agent.learn(n, callback=lambda _: adv(1))
-        cost.add("tune_s", time.perf_counter() - t0, n)
+        if executor is None:
+            t0 = time.perf_counter()
+            with phase(f"tuning baseline {name} on real ranks", n, unit="decisions") as adv:
+                agent.learn(n, callback=lambda _: adv(1))
+            cost.add("tune_s", time.perf_counter() - t0, n)
+        else:
+            from commgym.experiments.executor import load_policy, tune_agent
+
+            with phase(f"tuning baseline {name} on a Ray env actor"):
+                kwargs = {"seed": cfg.seed, **hyper}
+                [(_, (blob, secs))] = executor.run(cfg.env_config, tune_agent, [(name, kwargs, n)])
+            agent = load_policy(env, blob)
+            cost.add("tune_s", secs, n)
         console.print(
             f"baseline {name} tuned on {n} real decisions in {cost.wall_s:.1f} s "
             "(tuning cost; set with --tuning-decisions)"
@@ -375,14 +475,36 @@ def prepare_baseline(
     return agent, cost
 
 
+def _search_on_ray(agent: Any, env: gym.Env, cfg: RunConfig, executor: Any) -> None:
+    """``oracle-static``'s search as parallel (entry, seed) episode cells."""
+    from commgym.agents.baselines import StaticAgent
+    from commgym.experiments.executor import policy_bytes
+
+    t0 = time.perf_counter()
+    policies = {e: policy_bytes(StaticAgent(env, preset=e)) for e in agent.entries}
+    cells = [(e, s) for e in agent.entries for s in agent.seeds]
+    episodes: dict[str, list[Episode]] = {e: [] for e in agent.entries}
+    target = cfg.env_config.target_loss
+    for i, played in executor.episodes(cfg.env_config, cells, policies, target):
+        episodes[cells[i][0]].append(played.episode)
+    agent.rank(episodes, search_cost_s=time.perf_counter() - t0)
+
+
 def compare_with_baselines(
-    cfg: RunConfig, env: gym.Env, name: str, agent: Any, tracker: Any, parent: Any, out: Path
+    cfg: RunConfig,
+    env: gym.Env,
+    name: str,
+    agent: Any,
+    tracker: Any,
+    parent: Any,
+    out: Path,
+    executor: Any = None,
 ) -> dict[str, list[Episode]]:
     """Evaluate ``agent`` and ``cfg.baselines`` on the same seeds; log, plot and print."""
     agents = {name: agent}
     for b in cfg.baselines:
-        agents[b], _ = prepare_baseline(b, env, cfg, agents)
-    results, figures = compare(cfg, env, agents, tracker, parent.run_id, out)
+        agents[b], _ = prepare_baseline(b, env, cfg, agents, executor=executor)
+    results, figures = compare(cfg, env, agents, tracker, parent.run_id, out, executor=executor)
     for fig in figures:
         parent.log_artifact(fig)
     print_table(results, cfg)
@@ -457,6 +579,7 @@ def evaluate(cfg: RunConfig, policy: str | Path) -> dict[str, list[Episode]]:
     from commgym.agents import load_agent, make_agent
     from commgym.agents.base import read_policy_json
     from commgym.agents.scheduler import is_policy_file
+    from commgym.experiments.executor import open_executor
     from commgym.experiments.tracking import Tracker
 
     is_file = is_policy_file(policy)
@@ -469,16 +592,19 @@ def evaluate(cfg: RunConfig, policy: str | Path) -> dict[str, list[Episode]]:
             agent, label = load_agent(policy, env=env), f"policy ({Path(policy).name})"
         else:  # a static preset, as `--baselines` takes it
             agent, label = make_agent(str(policy), env, seed=cfg.seed), f"policy ({policy})"
-        out = Path(cfg.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        tracker = Tracker(cfg.tracking_uri, experiment=cfg.experiment)
-        announce(tracker)
-        with tracker.start_run("evaluate", tags={"commgym.command": "evaluate"}) as parent:
-            parent.log_params(parent_params(cfg, {"policy": str(policy)}))
-            if is_file:
-                parent.log_artifact(Path(policy))
-            start_ranks(cfg, env)
-            results = compare_with_baselines(cfg, env, label, agent, tracker, parent, out)
+        with open_executor(cfg) as executor:
+            out = Path(cfg.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            tracker = Tracker(cfg.tracking_uri, experiment=cfg.experiment)
+            announce(tracker)
+            with tracker.start_run("evaluate", tags={"commgym.command": "evaluate"}) as parent:
+                parent.log_params(parent_params(cfg, {"policy": str(policy)}))
+                if is_file:
+                    parent.log_artifact(Path(policy))
+                start_ranks(cfg, env, executor)
+                results = compare_with_baselines(
+                    cfg, env, label, agent, tracker, parent, out, executor
+                )
     finally:
         env.close()
     console.print(f"figures and CSVs: [bold]{out}/[/bold] (comparison.png, loss-curves.png, ...)")

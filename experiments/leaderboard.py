@@ -43,6 +43,7 @@ from commgym.experiments.evaluation import (
     prepare_baseline,
     sim_to_real_gap,
 )
+from commgym.experiments.executor import open_executor
 from commgym.experiments.headroom import (
     HEADROOM_FACTOR,
     Estimate,
@@ -196,6 +197,7 @@ def _learned(
     out: Path,
     policy_dir: Path | None,
     prefix: str,
+    executor: Any = None,
 ) -> tuple[Any, TrainingCost, Any]:
     """Load ``<policy_dir>/<agent>/policy.zip`` if it exists, else train by the recipe."""
     from commgym.agents import load_agent
@@ -211,7 +213,9 @@ def _learned(
         return agent, cost, None
     agent_out = out / slug(name)
     agent_out.mkdir(parents=True, exist_ok=True)
-    agent, cost, surrogate = learn_agent(cfg, env, parent, agent_out, prefix=f"{prefix}/")
+    agent, cost, surrogate = learn_agent(
+        cfg, env, parent, agent_out, prefix=f"{prefix}/", executor=executor
+    )
     (agent_out / "policy.cost.json").write_text(json.dumps(asdict(cost), indent=1))
     console.print(
         f"{name}: trained in {cost.wall_s:.1f} s with {cost.real_decisions} real decisions "
@@ -526,6 +530,9 @@ def run_leaderboard(
     experiment: str = "commgym-leaderboard",
     policy_dir: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
+    ray_envs: int | None = None,
 ) -> dict[str, list[LeaderboardEntry]]:
     """Run every scenario x agent x seed on real ranks; write tables and figures.
 
@@ -543,6 +550,12 @@ def run_leaderboard(
             training cost): the ``output_dir`` of an earlier leaderboard.
         overrides: run-config overrides applied to every scenario (``load_run_config``
             keys, e.g. ``{"timesteps": 5000, "env.time_budget_s": 10}``).
+        executor: where the episodes run: ``"local"`` (here, one after another) or
+            ``"ray"`` (each scenario's independent cells in parallel on env actors of a
+            Ray cluster; :mod:`commgym.experiments.executor`).
+        ray_address: the Ray cluster (``"auto"``, ``HOST:PORT``; ``None``:
+            ``$RAY_ADDRESS`` or a local instance).
+        ray_envs: env actors per scenario (``None``: as many as the cluster holds).
 
     Returns:
         Scenario -> entries in ``agents`` order.
@@ -552,8 +565,6 @@ def run_leaderboard(
         FileNotFoundError: a scenario file that does not exist.
     """
     from commgym.agents import make_agent  # noqa: F401 - fail on a broken install early
-    from commgym.experiments.plots import comparison_plot
-    from commgym.experiments.tracking import Tracker, reproducibility_params
 
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds must be an integer >= 1, got {seeds!r}")
@@ -583,7 +594,33 @@ def run_leaderboard(
     if len(configs) != len(scenarios):
         raise ValueError(f"scenario names must be distinct, got {list(scenarios)}")
     files = dict(zip(configs, scenarios, strict=True))
-    out = Path(output_dir)
+    where = load_run_config(
+        None, {"executor": executor, "ray_address": ray_address, "ray_envs": ray_envs}
+    )
+    with open_executor(where) as ray_executor:
+        return _run(
+            configs, files, agents, seeds, base, Path(output_dir), tracking_uri, experiment,
+            policy_dir, scenarios, ray_executor,
+        )  # fmt: skip
+
+
+def _run(
+    configs: dict[str, RunConfig],
+    files: dict[str, str],
+    agents: list[str] | tuple[str, ...],
+    seeds: int,
+    base: dict[str, Any],
+    out: Path,
+    tracking_uri: str | None,
+    experiment: str,
+    policy_dir: str | Path | None,
+    scenarios: list[str] | tuple[str, ...],
+    executor: Any,
+) -> dict[str, list[LeaderboardEntry]]:
+    """:func:`run_leaderboard` once its input is validated (and its executor open)."""
+    from commgym.experiments.plots import comparison_plot
+    from commgym.experiments.tracking import Tracker, reproducibility_params
+
     out.mkdir(parents=True, exist_ok=True)
     policies = None if policy_dir is None else Path(policy_dir)
     tracker = Tracker(tracking_uri, experiment=experiment)
@@ -611,7 +648,7 @@ def run_leaderboard(
             env = make_env(cfg)
             surrogates: list[Any] = []
             try:
-                start_ranks(cfg, env)
+                start_ranks(cfg, env, executor)
                 built: dict[str, Any] = {}
                 costs: dict[str, TrainingCost] = {}
                 for name in agents:
@@ -619,12 +656,13 @@ def run_leaderboard(
                         lcfg = _scenario_config(files[scenario], {**base, "agent": name})
                         sub = None if policies is None else policies / slug(scenario)
                         agent, cost, sur = _learned(
-                            name, lcfg, env, parent, s_out, sub, f"{slug(scenario)}/{slug(name)}"
-                        )
+                            name, lcfg, env, parent, s_out, sub,
+                            f"{slug(scenario)}/{slug(name)}", executor,
+                        )  # fmt: skip
                         if sur is not None:
                             surrogates.append((name, sur))
                     else:
-                        agent, cost = prepare_baseline(name, env, cfg, built)
+                        agent, cost = prepare_baseline(name, env, cfg, built, executor=executor)
                         for path in (
                             _static_ranking(agent, scenario, s_out),
                             _adaptive_schedules(agent, scenario, s_out),
@@ -633,7 +671,7 @@ def run_leaderboard(
                                 parent.log_artifact(path, artifact_path=slug(scenario))
                     built[name], costs[name] = agent, cost
                 results, figs = compare(
-                    cfg, env, built, tracker, parent.run_id, s_out, scenario=scenario
+                    cfg, env, built, tracker, parent.run_id, s_out, scenario, executor
                 )
                 for sname, sur in surrogates:
                     sim_to_real_gap(cfg, sur, built[sname], results[sname], parent,
@@ -642,6 +680,8 @@ def run_leaderboard(
                 env.close()
                 for _, sur in surrogates:
                     sur.close()
+                if executor is not None:
+                    executor.release(cfg.env_config)
             budget = float(cfg.env_config.time_budget_s)
             entries = []
             for name in agents:

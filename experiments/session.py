@@ -60,9 +60,16 @@ def check_network(plan: Any, strict: bool = True, source: str = "--network") -> 
         )
 
 
-def start_ranks(cfg: RunConfig, env: gym.Env) -> None:
-    """Launch the ranks (first reset) under a spinner; say what network they run on."""
+def start_ranks(cfg: RunConfig, env: gym.Env, executor: Any = None) -> None:
+    """Launch the ranks (first reset) under a spinner; say what network they run on.
+
+    With a :class:`~commgym.experiments.executor.RayExecutor` no rank starts here: say
+    where the env actors run instead (each launches its own ranks when first used).
+    """
     world, plan = cfg.env_config.world_size, cfg.env_config.network_plan
+    if executor is not None:
+        console.print(executor.summary(cfg.env_config))
+        return
     where = "on an emulated network" if plan.emulated else "on loopback"
     with phase(f"starting {world} ranks with torchrun {where}"):
         env.reset(seed=cfg.seed)

@@ -20,7 +20,6 @@ import yaml
 from commgym.agents.rollout import Episode
 from commgym.experiments.config import RunConfig
 from commgym.experiments.evaluation import (
-    EpisodeCounter,
     TrainingCost,
     build_agent,
     compare_with_baselines,
@@ -64,37 +63,48 @@ def train(cfg: RunConfig, env: gym.Env | None = None) -> dict[str, list[Episode]
         from commgym.env.surrogate import SurrogateModel
 
         SurrogateModel.load(cfg.surrogate)  # a wrong file fails here, before ranks start
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tracker = Tracker(cfg.tracking_uri, experiment=cfg.experiment)
-    announce(tracker)
-    owned = env is None
-    env = make_env(cfg) if env is None else env
-    surrogate = None
-    try:
-        with tracker.start_run(f"train-{cfg.agent}", tags={"commgym.command": "train"}) as parent:
-            (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-            parent.log_artifact(out / "config.yaml")
-            parent.log_text(" ".join(sys.argv), "command_line.txt")
-            start_ranks(cfg, env)
-            agent, _, surrogate = learn_agent(cfg, env, parent, out)
-            results = compare_with_baselines(
-                cfg, env, f"{cfg.agent} (learned)", agent, tracker, parent, out
-            )
+    from commgym.experiments.executor import open_executor
+
+    with open_executor(cfg) as executor:
+        out = Path(cfg.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        tracker = Tracker(cfg.tracking_uri, experiment=cfg.experiment)
+        announce(tracker)
+        owned = env is None
+        env = make_env(cfg) if env is None else env
+        surrogate = None
+        try:
+            with tracker.start_run(
+                f"train-{cfg.agent}", tags={"commgym.command": "train"}
+            ) as parent:
+                (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+                parent.log_artifact(out / "config.yaml")
+                parent.log_text(" ".join(sys.argv), "command_line.txt")
+                start_ranks(cfg, env, executor)
+                agent, _, surrogate = learn_agent(cfg, env, parent, out, executor=executor)
+                results = compare_with_baselines(
+                    cfg, env, f"{cfg.agent} (learned)", agent, tracker, parent, out, executor
+                )
+                if surrogate is not None:
+                    learned = results[f"{cfg.agent} (learned)"]
+                    sim_to_real_gap(cfg, surrogate, agent, learned, parent)
+        finally:
+            if owned:
+                env.close()
             if surrogate is not None:
-                sim_to_real_gap(cfg, surrogate, agent, results[f"{cfg.agent} (learned)"], parent)
-    finally:
-        if owned:
-            env.close()
-        if surrogate is not None:
-            surrogate.close()
+                surrogate.close()
     console.print(f"figures and CSVs: [bold]{out}/[/bold] (comparison.png, loss-curves.png, ...)")
     announce(tracker)
     return results
 
 
 def learn_agent(
-    cfg: RunConfig, env: gym.Env, parent: Any, out: Path, prefix: str = ""
+    cfg: RunConfig,
+    env: gym.Env,
+    parent: Any,
+    out: Path,
+    prefix: str = "",
+    executor: Any = None,
 ) -> tuple[Any, TrainingCost, gym.Env | None]:
     """Train ``cfg.agent`` as the scenario says, save its policy; the recipe of ``train``.
 
@@ -110,6 +120,12 @@ def learn_agent(
         out: output folder (``policy.zip``, ``learning-decisions.csv``, surrogate files).
         prefix: prepended to the parameter and metric names logged to ``parent`` (a
             leaderboard trains one agent per scenario into one parent run).
+        executor: a :class:`~commgym.experiments.executor.RayExecutor`: every real
+            decision runs on its env actors (the recording in parallel streams, SB3
+            agents learning on real ranks through a
+            :class:`~commgym.agents.ray_env.RayVecEnv` of ``cfg.ray_envs`` actors, other
+            learning and the fine-tuning through one :class:`~commgym.agents.ray_env.RayEnv`);
+            ``None``: on ``env``, here.
 
     Returns:
         ``(agent, cost, surrogate_env)``; ``surrogate_env`` is ``None`` on real ranks (the
@@ -128,26 +144,51 @@ def learn_agent(
         path = cfg.surrogate
         if not path:
             t0 = time.perf_counter()
-            path = _collect_and_fit(cfg, env, parent, out)
+            path = _collect_and_fit(cfg, env, parent, out, executor)
             cost.add("collect_and_fit_s", time.perf_counter() - t0, cfg.surrogate_decisions)
         surrogate = _make_surrogate_env(cfg, path)
+    vec_env = None
+    real_env: gym.Env = env
+    # an agent that forks episodes (snapshot/restore) or searches as an oracle learns on
+    # this process's ranks; the others on the executor's env actors
+    local_only = cls is not None and (cls.needs_real_env or cls.oracle)
+    if executor is not None and surrogate is None and not local_only:
+        vec_env, real_env = _ray_learning_env(cfg, executor)
     # the parent run holds the learning curve; per-decision metrics live in the
     # evaluation children (20,000 decisions x 14 metrics filled ~80 MB of mlflow.db)
     learn_env = TrackingWrapper(
-        surrogate if surrogate is not None else env, parent, prefix, log_decisions=False
+        surrogate if surrogate is not None else real_env, parent, prefix, log_decisions=False
     )
-    agent = build_agent(cfg.agent, learn_env, cfg, cfg.agent_hyperparams)
-    params = parent_params(cfg, {f"agent.{k}": v for k, v in agent.hyperparams.items()})
-    parent.log_params({prefix + k: v for k, v in params.items()})
-    t0 = time.perf_counter()
-    where = "the surrogate" if surrogate is not None else "real ranks"
-    if agent.oracle:  # what an oracle learns is its search over the evaluation seeds
-        search_oracle(cfg.agent, agent, cost, real=surrogate is None)
-        learn_s = time.perf_counter() - t0
-    else:
-        with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
-            agent.learn(cfg.timesteps, callback=lambda _: adv(1))
-        learn_s = time.perf_counter() - t0
+    try:
+        extra = {} if vec_env is None else {"vec_env": vec_env}
+        agent = build_agent(cfg.agent, learn_env, cfg, {**cfg.agent_hyperparams, **extra})
+        params = parent_params(cfg, {f"agent.{k}": v for k, v in agent.hyperparams.items()})
+        parent.log_params({prefix + k: v for k, v in params.items()})
+        t0 = time.perf_counter()
+        where = "the surrogate" if surrogate is not None else "real ranks"
+        if agent.oracle:  # what an oracle learns is its search over the evaluation seeds
+            search_oracle(cfg.agent, agent, cost, real=surrogate is None)
+        else:
+            with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
+                if vec_env is None:
+                    agent.learn(cfg.timesteps, callback=lambda _: adv(1))
+                else:  # the steps of every env actor, logged here as TrackingWrapper's own
+
+                    def logged(step: dict[str, Any]) -> None:
+                        learn_env.record(
+                            step["action"], step["reward"], step["terminated"],
+                            step["truncated"], step["info"], stream=step.get("env", 0),
+                        )  # fmt: skip
+                        adv(1)
+
+                    agent.learn(cfg.timesteps, callback=logged)
+    finally:
+        if real_env is not env:
+            real_env.close()
+        if vec_env is not None:
+            vec_env.close()
+    learn_s = time.perf_counter() - t0
+    if not agent.oracle:
         # a learner that runs its own episodes says how many real decisions they took
         spent = getattr(agent, "cost_decisions", None) or cfg.timesteps
         cost.add("learn_s", learn_s, 0 if surrogate is not None else spent)
@@ -155,12 +196,26 @@ def learn_agent(
     parent.log_artifact(out / "learning-decisions.csv")
     parent.log_metrics({f"{prefix}train/learn_s": learn_s}, step=cfg.timesteps)
     console.print(f"learned in {learn_s:.1f} s on {where}")
-    if surrogate is not None and cfg.fine_tune_episodes:  # an SB3 agent (RunConfig checks)
-        real_env = TrackingWrapper(env, parent, f"{prefix}fine_tune/", log_decisions=False)
+    if surrogate is not None and cfg.fine_tune_episodes:
+        if not hasattr(agent, "fine_tune"):
+            raise ValueError(
+                f"fine_tune_episodes={cfg.fine_tune_episodes} needs an SB3 agent (ppo, a2c, "
+                f"dqn); {cfg.agent!r} has no fine-tuning"
+            )
+        ranks = env if executor is None else _ray_env(cfg, executor)
+        tuned = TrackingWrapper(ranks, parent, f"{prefix}fine_tune/", log_decisions=False)
         t0 = time.perf_counter()
         n = cfg.fine_tune_episodes
-        with phase(f"fine-tuning {cfg.agent} on real ranks", n, unit="episodes") as adv:
-            decisions = agent.fine_tune(real_env, n, callback=EpisodeCounter(adv))
+        try:
+            with phase(f"fine-tuning {cfg.agent} on real ranks", n, unit="episodes") as adv:
+                decisions = agent.fine_tune(
+                    tuned,
+                    n,
+                    callback=lambda s: adv(1) if s["terminated"] or s["truncated"] else None,
+                )
+        finally:
+            if ranks is not env:
+                ranks.close()
         tune_s = time.perf_counter() - t0
         cost.add("fine_tune_s", tune_s, decisions)
         parent.log_metrics({f"{prefix}train/fine_tune_s": tune_s}, step=cfg.timesteps)
@@ -177,24 +232,63 @@ def _make_surrogate_env(cfg: RunConfig, path: str | Path) -> gym.Env:
     return gym.make("commgym/Surrogate-v1", model_path=str(path), **cfg.env)
 
 
-def _collect_and_fit(cfg: RunConfig, env: gym.Env, run: Any, out: Path) -> Path:
+def _ray_env(cfg: RunConfig, executor: Any) -> gym.Env:
+    """One of the executor's env actors as a gymnasium env (no actor of its own)."""
+    from commgym.agents.ray_env import RayEnv
+
+    return RayEnv(cfg.env_config, actor=executor.actors(cfg.env_config, 1)[0])
+
+
+def _ray_learning_env(cfg: RunConfig, executor: Any) -> tuple[Any, gym.Env]:
+    """Where ``cfg.agent`` learns on real ranks under Ray: ``(vec_env or None, env)``.
+
+    SB3 agents learn from a :class:`~commgym.agents.ray_env.RayVecEnv` over ``ray_envs``
+    of the executor's env actors (1 by default; PPO then collects ``n_steps`` per actor
+    per update) and are built on a layout-only env (menu, spaces, config; no ranks); the
+    others step one actor through a :class:`~commgym.agents.ray_env.RayEnv`.
+    """
+    from commgym.agents import AGENTS
+    from commgym.agents.base import LayoutEnv
+    from commgym.agents.ray_env import RayVecEnv
+    from commgym.agents.sb3 import SB3Agent
+
+    cls = AGENTS.get(cfg.agent.split(":", 1)[0])
+    if cls is not None and issubclass(cls, SB3Agent):
+        n = cfg.ray_envs or 1
+        actors = executor.actors(cfg.env_config, n)[:n]
+        vec = RayVecEnv(cfg.env_config, flatten_actions=cls.flat_actions, actors=actors)
+        layout = LayoutEnv(cfg.env_config.menu)
+        layout.config = cfg.env_config  # type: ignore[attr-defined]
+        return vec, layout
+    return None, _ray_env(cfg, executor)
+
+
+def _collect_and_fit(
+    cfg: RunConfig, env: gym.Env, run: Any, out: Path, executor: Any = None
+) -> Path:
     """Record ``cfg.surrogate_decisions`` real decisions, fit the surrogate; log both."""
-    from commgym.experiments.collect import fit_surrogate, record_dataset
+    from commgym.experiments.collect import fit_surrogate, record_dataset, record_on_ray
 
     with phase(
         "recording real decisions for the surrogate (sticky random exploration)",
         cfg.surrogate_decisions,
         unit="decisions",
     ) as adv:
-        data, bench, collect_s = record_dataset(
-            env,
-            out / "transitions.csv",
-            cfg.surrogate_decisions,
-            "sticky",
-            cfg.seed,
-            run=run,
-            on_step=lambda: adv(1),
-        )
+        if executor is None:
+            data, bench, collect_s = record_dataset(
+                env,
+                out / "transitions.csv",
+                cfg.surrogate_decisions,
+                "sticky",
+                cfg.seed,
+                run=run,
+                on_step=lambda: adv(1),
+            )
+        else:
+            data, bench, collect_s = record_on_ray(
+                executor, cfg.env_config, out / "transitions.csv", cfg.surrogate_decisions,
+                "sticky", cfg.seed, run=run, on_stream=adv,
+            )  # fmt: skip
     t0 = time.perf_counter()
     path = out / "surrogate.joblib"
     with phase("fitting the surrogate (alpha-beta prior + gradient boosting)"):

@@ -30,11 +30,12 @@ ALLOWED = {
     # never stable-baselines3 or MLflow: the env must run without the agent/tracking stack
     "env": {"torch", "numpy", "gymnasium", "sklearn", "scipy", "joblib", "pyarrow", "pandas"},
     # the learning stack, never MLflow: tracking hooks in from experiments (wrappers)
+    # ray: the optional extra commgym[ray] (env actors, RayVecEnv), imported inside functions
     "agents": {"torch", "numpy", "gymnasium", "stable_baselines3", "sklearn", "scipy", "rich",
-               "tqdm"},
+               "tqdm", "ray"},
     "experiments": {"torch", "numpy", "gymnasium", "stable_baselines3", "sklearn", "scipy",
                     "mlflow", "yaml", "rich", "typer", "tqdm", "matplotlib", "pandas",
-                    "pyarrow", "joblib"},
+                    "pyarrow", "joblib", "ray"},
 }  # fmt: skip
 FORBIDDEN = {
     "collectives": {"gymnasium", "stable_baselines3", "mlflow", "sklearn", "commgym.env",

@@ -45,3 +45,22 @@ def test_collectives_never_import_rl_or_tracking_libraries():
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+def test_importing_commgym_never_imports_ray():
+    """Ray is the optional extra commgym[ray]: no module imports it at import time."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pkgutil, importlib\n"
+        "import commgym.collectives, commgym.env, commgym.agents, commgym.experiments\n"
+        "import commgym.experiments.cli, commgym.experiments.executor\n"
+        "import commgym.agents.ray_env, commgym.experiments.leaderboard\n"
+        "print('ray' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

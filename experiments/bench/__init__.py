@@ -17,6 +17,8 @@ command                        module
                                steps per second
 ``commgym bench surrogate-``   :mod:`~commgym.experiments.bench.surrogate_holdout`: held-out
 ``holdout``                    accuracy of the surrogate (rates, seeds, configurations)
+``commgym bench executor``     :mod:`~commgym.experiments.bench.executor`: episodes per
+                               minute, local vs env actors on Ray, the driver's overhead
 =============================  ==============================================================
 
 Benchmarks that need ranks start them the one way the env does: a

@@ -287,3 +287,37 @@ def bench_surrogate_holdout_cmd(
         )  # fmt: skip
     except (ValueError, FileNotFoundError) as err:
         fail(err)
+
+
+#: Options of ``commgym bench executor``.
+EXECUTOR_OPTIONS = {
+    "config": CliField("Scenario: a YAML file or a shipped name ({configs})."),
+    "episodes": CliField("Timed episodes per setting.", min=1),
+    "actors": CliField("Comma-separated env actor counts to measure on Ray."),
+    "agent": CliField("Agent of every episode (a deterministic one: alike across settings)."),
+    "json_path": _JSON,
+}
+
+
+@bench_app.command("executor", cls=RegistryHelpCommand)
+@own_options(EXECUTOR_OPTIONS)
+def bench_executor_cmd(
+    config: str = "default",
+    episodes: int = 8,
+    actors: str = "1,2",
+    agent: str = "static:ddp-default",
+    json_path: str | None = None,
+) -> None:
+    """Episodes per minute, local vs env actors on a local Ray instance; the driver's overhead.
+
+    Needs the commgym[ray] extra.
+    """
+    from commgym.experiments.bench.executor import run_executor_benchmark
+
+    try:
+        counts = tuple(comma_list(actors, int))
+        if not counts or min(counts) < 1:
+            raise ValueError(f"--actors takes counts >= 1, got {actors!r}")
+        run_executor_benchmark(config, episodes, counts, agent, json_path)
+    except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
+        fail(err)

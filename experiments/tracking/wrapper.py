@@ -90,6 +90,9 @@ class TrackingWrapper(gym.Wrapper):
     the MLflow store ~80 MB and the charts unreadable; the rows (and so the CSV) are
     kept either way.
 
+    Steps that ran elsewhere (an env actor on a Ray cluster, several envs of a
+    ``VecEnv``) are logged the same way by :meth:`record`, one ``stream`` per env.
+
     Args:
         env: the env (``AllReduceEnv`` or anything with the same ``info`` shape).
         run: where to log.
@@ -107,25 +110,47 @@ class TrackingWrapper(gym.Wrapper):
         self.rows: list[dict[str, Any]] = []
         self.decisions = 0
         self.episodes = 0
-        self._ep_return = 0.0
-        self._ep_length = 0
+        # per stream (env of a VecEnv): the running episode's return and length
+        self._ep: dict[int, list[float]] = {}
         self._closed = False
 
     def reset(self, **kwargs: Any):  # noqa: D102
-        self._ep_return = 0.0
-        self._ep_length = 0
+        self._ep.pop(0, None)
         return self.env.reset(**kwargs)
 
     def step(self, action: Any):  # noqa: D102
         obs, reward, terminated, truncated, info = self.env.step(action)
+        self.record(action, reward, terminated, truncated, info)
+        return obs, reward, terminated, truncated, info
+
+    def record(
+        self,
+        action: Any,
+        reward: float,
+        terminated: bool,
+        truncated: bool,
+        info: Mapping[str, Any],
+        *,
+        stream: int = 0,
+    ) -> None:
+        """Log one step, as :meth:`step` does after stepping the env; never raises.
+
+        Args:
+            action: the action taken.
+            reward: the step's reward.
+            terminated: the step's ``terminated``.
+            truncated: the step's ``truncated``.
+            info: the step's ``info``.
+            stream: which env of several the step came from (each keeps its own
+                episode return and length).
+        """
         try:
-            self._record(action, reward, terminated, truncated, info)
+            self._record(action, reward, terminated, truncated, info, stream)
         except Exception as err:  # logging must never kill training
             self.run.tracker.warn(
                 f"wrapper:{type(err).__name__}",
                 f"TrackingWrapper could not record a step ({type(err).__name__}: {err})",
             )
-        return obs, reward, terminated, truncated, info
 
     def _menu_index(self, action: Any, info: Mapping[str, Any]) -> int | None:
         idx = _action_indices(action)
@@ -138,11 +163,12 @@ class TrackingWrapper(gym.Wrapper):
             return list(menu.compression).index(comp)
         return None
 
-    def _record(self, action, reward, terminated, truncated, info) -> None:
+    def _record(self, action, reward, terminated, truncated, info, stream) -> None:
         self.decisions += 1
-        self._ep_length += 1
+        ep = self._ep.setdefault(stream, [0.0, 0])
+        ep[1] += 1
         r = _scalar(reward)
-        self._ep_return += r if r is not None else 0.0
+        ep[0] += r if r is not None else 0.0
         act: Mapping[str, Any] = info.get("action") or {}
         comp_idx = self._menu_index(action, info)
         metrics = {
@@ -162,7 +188,7 @@ class TrackingWrapper(gym.Wrapper):
         row: dict[str, Any] = {
             "decision": self.decisions,
             "episode": self.episodes,
-            "episode_decision": info.get("decision", self._ep_length),
+            "episode_decision": info.get("decision", ep[1]),
             "train_time_s": info.get("train_time_s"),
             "reward": reward,
             "action": " ".join(map(str, idx)) if idx is not None else str(action),
@@ -186,14 +212,13 @@ class TrackingWrapper(gym.Wrapper):
         if terminated or truncated:
             self.run.log_metrics(
                 {
-                    self.prefix + "episode/return": self._ep_return,
-                    self.prefix + "episode/length": self._ep_length,
+                    self.prefix + "episode/return": ep[0],
+                    self.prefix + "episode/length": ep[1],
                 },
                 step=self.episodes if self.log_decisions else self.decisions,
             )
             self.episodes += 1
-            self._ep_return = 0.0
-            self._ep_length = 0
+            del self._ep[stream]
 
     def write_csv(self, path: str | os.PathLike[str]) -> Path:
         """Write the per-decision rows (raw values, ``nan``/``inf`` kept) as CSV.

@@ -1,0 +1,420 @@
+"""``--executor ray``: the same leaderboard rows and MLflow runs as the local path, errors, signals.
+
+The Ray runs start a real local Ray instance from the CLI (the machine's 2 CPUs, bound to
+127.0.0.1) as a user's command does; the multi-node tests build two Ray nodes with
+``ray.cluster_utils.Cluster`` (a sweep on both; a node lost mid-episode).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from commgym.experiments.config import load_run_config
+from commgym.experiments.leaderboard import read_leaderboard_csv
+from tests.experiments.cli_helpers import cli, cli_ok
+
+#: 2 ranks on loopback, 2 menu entries, a target every entry reaches in its first decisions
+#: (so no column but the times depends on the machine's speed).
+TINY = {
+    "env": {
+        "workload": "mlp-digits",
+        "world_size": 2,
+        "steps_per_decision": 2,
+        "time_budget_s": 30.0,
+        "max_decisions": 4,
+        "reward": "time_to_target",
+        "target_loss": 1.5,
+        "action_menu": {"compression": ["none", "fp16"], "bucket_mb": [25.0], "sync_period": [1]},
+    },
+    "experiment": "commgym-executor-test",
+}
+AGENTS = "static:ddp-default,static:fp16-dense"
+#: Columns of the leaderboard CSV that do not depend on timing.
+TIMING_FREE = ("scenario", "agent", "role", "seed", "reached", "final_eval_loss",
+               "final_eval_acc", "bytes_per_step", "decisions")  # fmt: skip
+
+
+def test_executor_ray_without_ray_is_one_error_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(ValueError, match=r"pip install 'commgym\[ray\]'"):
+        load_run_config(None, {"executor": "ray"})
+    with pytest.raises(ValueError, match=r"executor must be one of \['local', 'ray'\]"):
+        load_run_config(None, {"executor": "slurm"})
+    with pytest.raises(ValueError, match="take effect with executor 'ray' only"):
+        load_run_config(None, {"ray_envs": 2})
+
+
+def test_bad_executor_is_one_error_line(tmp_path):
+    proc = cli(["leaderboard", "--executor", "slurm", "--scenarios", "default"], tmp_path, 120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: executor must be one of")
+
+
+# a single-machine Ray instance on loopback only (read when Ray is imported)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+pytest.importorskip("ray", reason="needs the commgym[ray] extra")
+
+
+def _board(tmp, executor: str) -> tuple[list[dict], str, str]:
+    (tmp / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    uri = f"sqlite:///{tmp}/mlflow-{executor}.db"
+    out = cli_ok(
+        ["leaderboard", "--scenarios", str(tmp / "tiny.yaml"), "--agents", AGENTS,
+         "--seeds", "2", "--tracking-uri", uri, "--output-dir", str(tmp / executor),
+         "--executor", executor],
+        tmp, timeout_s=600,
+    )  # fmt: skip
+    return read_leaderboard_csv(tmp / executor / "leaderboard-tiny.csv"), out, uri
+
+
+def test_leaderboard_on_ray_gives_the_local_rows_and_runs(tmp_path):
+    from mlflow import MlflowClient
+
+    local, _, _ = _board(tmp_path, "local")
+    remote, out, uri = _board(tmp_path, "ray")
+    assert "executor: ray, a local Ray instance" in out
+    assert "4 episodes ran on 1 Ray node(s)" in out
+
+    def key(rows):
+        return [
+            tuple(round(r[c], 12) if isinstance(r[c], float) else r[c] for c in TIMING_FREE)
+            for r in rows
+        ]
+
+    assert key(remote) == key(local)
+    assert all(math.isfinite(r["final_eval_loss"]) for r in remote)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("commgym-leaderboard")
+    runs = client.search_runs([exp.experiment_id])
+    parent = [r for r in runs if r.data.tags.get("commgym.command") == "leaderboard"]
+    children = [r for r in runs if r.data.tags.get("commgym.role") == "evaluation"]
+    assert len(parent) == 1 and len(children) == 4
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent[0].info.run_id}
+    assert all(c.data.tags.get("commgym.ray_node") for c in children)
+    assert all(c.info.status == "FINISHED" for c in runs)
+    # every child holds its per-decision metrics, as a local episode's does
+    for c in children:
+        hist = client.get_metric_history(c.info.run_id, "comm/bytes_per_step")
+        assert len(hist) == int(c.data.metrics["eval/decisions"]) >= 1
+
+
+def test_a_ray_address_where_nothing_listens_is_one_error_line_not_a_hang(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    args = ["leaderboard", "--scenarios", str(tmp_path / "tiny.yaml"), "--agents",
+            "static:ddp-default", "--seeds", "1", "--output-dir", str(tmp_path / "b"),
+            "--executor", "ray", "--ray-address", "127.0.0.1:1"]  # fmt: skip
+    t0 = time.monotonic()
+    proc = cli(args, tmp_path, 180)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: cannot connect to the Ray cluster at '127.0.0.1:1'")
+    assert "Connection refused" in lines[0]
+    assert time.monotonic() - t0 < 120
+
+
+def test_ray_address_joins_a_running_cluster_on_loopback(tmp_path, monkeypatch):
+    """``--ray-address`` of a cluster listening on 127.0.0.1, from a shell without Ray's
+    loopback switch: the driver stays on loopback (Ray would otherwise rewrite the address
+    to the host's routable one, where nothing listens, and retry forever)."""
+    from ray.cluster_utils import Cluster
+
+    from commgym.experiments.executor import on_loopback
+
+    assert on_loopback("127.0.0.1:6379") and on_loopback("localhost:6379")
+    assert on_loopback("ray://127.0.0.1:10001") and on_loopback("[::1]:6379")
+    assert not on_loopback("10.1.2.3:6379") and not on_loopback("ray://head:10001")
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    try:
+        (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+        monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        out = cli_ok(
+            ["leaderboard", "--scenarios", str(tmp_path / "tiny.yaml"), "--agents",
+             "static:ddp-default", "--seeds", "1", "--output-dir", str(tmp_path / "b"),
+             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--executor", "ray",
+             "--ray-address", cluster.address],
+            tmp_path, timeout_s=300,
+        )  # fmt: skip
+    finally:
+        cluster.shutdown()
+    assert "executor: ray, the Ray cluster (1 node(s), 2 CPUs)" in out
+    assert "1 episodes ran on 1 Ray node(s)" in out
+    [row] = read_leaderboard_csv(tmp_path / "b" / "leaderboard-tiny.csv")
+    assert row["agent"] == "static:ddp-default" and math.isfinite(row["final_eval_loss"])
+
+
+def test_train_on_ray_learns_on_an_env_actor_and_evaluates_there(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    out = cli_ok(
+        ["train", "--config", "smoke", "--tracking-uri", uri, "--output-dir",
+         str(tmp_path / "out"), "--executor", "ray"],
+        tmp_path, timeout_s=900,
+    )  # fmt: skip
+    assert "executor: ray, a local Ray instance" in out
+    assert "episodes ran on 1 Ray node(s)" in out
+    assert (tmp_path / "out" / "policy.zip").is_file()
+    rows = (tmp_path / "out" / "learning-decisions.csv").read_text().splitlines()
+    assert len(rows) >= 1 + 16  # header + the decisions PPO learned from, logged here
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_or_ctrl_c_of_the_driver_leaves_no_actor_rank_or_network(tmp_path, sig, status):
+    from commgym.env.net import netem_available
+    from tests.experiments.test_cli_signals import _alive, _children, _Reader
+
+    ok, _ = netem_available()
+    net = ["--network", "1gbit"] if ok else []
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [
+        sys.executable, "-m", "commgym.experiments.cli", "collect", "--config", "smoke",
+        "--decisions", "100000", "--no-bench", "--out", str(tmp_path / "t.csv"),
+        "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--executor", "ray", *net,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    reader = _Reader(proc)
+    try:
+        deadline = time.monotonic() + 240
+        ranks: set[int] = set()
+        while time.monotonic() < deadline and proc.poll() is None:
+            kids = _children(proc.pid)
+            ranks = {p for p in kids if _cmdline(p).count("commgym.env.worker")}
+            if len(ranks) >= 2:
+                break
+            time.sleep(0.5)
+        assert len(ranks) >= 2, reader.text[-3000:]
+        everything = _children(proc.pid)
+        networks = {_rdzv_id(p) for p in everything} - {None}
+        time.sleep(1.0)
+        proc.send_signal(sig)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == status, reader.text[-3000:]
+    time.sleep(2.0)
+    left = _alive(everything)
+    assert not left, f"left running: {[_cmdline(p)[:120] for p in left]}"
+    if ok:
+        assert networks, "the ranks ran in no emulated network"
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+        left = [ns for ns in out.stdout.split() if ns.split("-")[0] in networks]
+        assert not left, f"namespaces left behind: {left}"
+
+
+def test_sigterm_of_a_driver_on_two_nodes_leaves_nothing_on_either(tmp_path):
+    """The driver joins a two-node cluster (``--ray-address``), an env actor recording on
+    each node; its SIGTERM leaves no actor, rank or namespace on either node (they are not
+    the driver's children: the nodes' cleanup tasks remove them)."""
+    from ray.cluster_utils import Cluster
+
+    from commgym.agents.ray_env import TAG_VARIABLE
+    from commgym.env.net import netem_available
+    from tests.agents.test_ray_env import _netns, _network_names
+    from tests.experiments.test_cli_signals import _alive, _Reader
+
+    ok, _ = netem_available()
+    net = ["--network", "1gbit"] if ok else []
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    cmd = [
+        sys.executable, "-m", "commgym.experiments.cli", "collect", "--config", "smoke",
+        "--decisions", "100000", "--no-bench", "--out", str(tmp_path / "t.csv"),
+        "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--executor", "ray",
+        "--ray-address", cluster.address, *net,
+    ]  # fmt: skip
+    try:
+        proc = subprocess.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        reader = _Reader(proc)
+        try:
+            deadline = time.monotonic() + 240
+            tagged: dict[str, set[int]] = {}
+            while time.monotonic() < deadline and proc.poll() is None:
+                tagged = _by_tag(TAG_VARIABLE)
+                if len([t for t, pids in tagged.items() if len(pids) >= 3]) >= 2:
+                    break
+                time.sleep(0.5)
+            assert len(tagged) >= 2, reader.text[-3000:]
+            actors = {p for p in _pids() if _cmdline(p).startswith("ray::EnvRunner")}
+            raylets = {_ppid(p) for p in actors}
+            everything = set().union(*tagged.values()) | actors
+            networks = _network_names(everything)
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 143, reader.text[-3000:]
+        assert len(raylets) == 2, raylets  # an env actor under each node's raylet
+        time.sleep(2.0)
+        left = _alive(everything)
+        assert not left, f"left running: {[_cmdline(p)[:120] for p in left]}"
+        assert not set(_by_tag(TAG_VARIABLE)) & set(tagged)
+        if ok:
+            assert len(networks) >= 2, "the ranks ran in no emulated network"
+            left_ns = [ns for ns in _netns() if ns.split("-")[0] in networks]
+            assert not left_ns, f"namespaces left behind: {left_ns}"
+    finally:
+        cluster.shutdown()
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def _pids() -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+def _by_tag(variable: str) -> dict[str, set[int]]:
+    """Processes whose environment carries ``variable``, by its value."""
+    found: dict[str, set[int]] = {}
+    prefix = f"{variable}=".encode()
+    for pid in _pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                entries = f.read().split(b"\0")
+        except OSError:
+            continue
+        for e in entries:
+            if e.startswith(prefix):
+                found.setdefault(e[len(prefix) :].decode(), set()).add(pid)
+    return found
+
+
+def _rdzv_id(pid: int) -> str | None:
+    argv = _cmdline(pid).split()
+    return argv[argv.index("--rdzv-id") + 1] if "--rdzv-id" in argv else None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_a_sweep_lands_on_both_nodes_of_a_two_node_cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from commgym.agents.base import LayoutEnv
+    from commgym.agents.baselines import StaticAgent
+    from commgym.env import EnvConfig
+    from commgym.experiments.executor import RayExecutor, policy_bytes
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    try:
+        ray.init(address=cluster.address, logging_level="WARNING")
+        cfg = EnvConfig(**{**TINY["env"], "target_loss": None, "reward": "log_progress"})
+        policy = policy_bytes(StaticAgent(LayoutEnv(cfg.menu), preset="none/25MB/H1"))
+        with RayExecutor(resources={"CPU": 2}) as executor:
+            cells = [("none", 1000 + i) for i in range(4)]
+            played = [p for _, p in executor.episodes(cfg, cells, {"none": policy}, None)]
+        nodes = {p.node_id for p in played}
+        for (_, seed), p in zip(cells, played, strict=True):  # shown with -s
+            print(f"seed {seed}: node {p.node_id}, actor {p.actor}, {p.episode.decisions} steps")
+        assert len(nodes) == 2, nodes
+        assert all(p.episode.decisions == 4 for p in played)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_a_node_lost_mid_episode_is_that_episodes_failure_and_the_sweep_goes_on():
+    import threading
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from commgym.agents.base import LayoutEnv
+    from commgym.agents.baselines import StaticAgent
+    from commgym.env import EnvConfig
+    from commgym.env.net import netem_available
+    from commgym.experiments.executor import RayExecutor, policy_bytes
+    from tests.agents.test_ray_env import _netns, _network_names, _tagged
+
+    ok, _ = netem_available()
+    # on an emulated network when the host allows: the lost actor's namespaces must go too
+    extra = {"network": "1gbit"} if ok else {}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    worker = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    networks: set[str] = set()
+    try:
+        ray.init(address=cluster.address, logging_level="WARNING")
+        cfg = EnvConfig(**{**TINY["env"], "target_loss": None, "reward": "log_progress",
+                           "max_decisions": 500, "time_budget_s": 600.0, **extra})  # fmt: skip
+        policy = policy_bytes(StaticAgent(LayoutEnv(cfg.menu), preset="none/25MB/H1"))
+        # one actor of 2 CPUs per node: the lost node's actor cannot be restarted elsewhere
+        with RayExecutor(resources={"CPU": 2}) as executor:
+            executor.actors(cfg, 2)
+            [doomed] = [t for t, n in executor.nodes.items() if n == worker.node_id]
+
+            def lose_the_node() -> None:
+                deadline = time.monotonic() + 180
+                while time.monotonic() < deadline and len(_tagged([doomed])) < 3:
+                    time.sleep(0.2)  # the ranks start at the episode's first reset
+                time.sleep(3.0)  # inside the episode
+                networks.update(_network_names(_tagged([doomed])))
+                cluster.remove_node(worker)
+
+            lose = threading.Thread(target=lose_the_node, daemon=True)
+            lose.start()
+            cells = [("none", 1000 + i) for i in range(3)]
+            played = [p for _, p in executor.episodes(cfg, cells, {"none": policy}, None)]
+            lose.join(timeout=5)
+        for (_, seed), p in zip(cells, played, strict=True):  # shown with -s
+            print(f"seed {seed}: {p.episode.reason} after {p.episode.decisions} decisions on "
+                  f"node {p.node_id[:8]}, actor {p.actor}, {p.actor_s:.1f} s")  # fmt: skip
+        failed = [p for p in played if p.episode.reason == "failure"]
+        assert [(p.actor, p.node_id) for p in failed] == [(doomed, worker.node_id)]
+        assert "died" in failed[0].episode.final_info["failure"]
+        # the sweep went on: the other two episodes whole, on the head node's actor
+        rest = [p for p in played if p.episode.reason != "failure"]
+        assert [p.episode.decisions for p in rest] == [500] * 2
+        assert {p.actor for p in rest} == set(executor.nodes) - {doomed}
+        assert doomed not in {p.actor for p in rest}
+        time.sleep(1.0)
+        assert not _tagged([doomed]), "ranks of the lost node's actor are still running"
+        if ok:
+            assert networks, "the lost actor's ranks ran in no emulated network"
+            left = {ns for ns in _netns() if ns.split("-")[0] in networks}
+            assert not left, f"namespaces left behind: {left}"
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
