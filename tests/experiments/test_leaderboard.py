@@ -148,3 +148,36 @@ def test_bad_input_fails_before_anything_runs(tmp_path):
                 "--output-dir", str(tmp_path / "o")], tmp_path)  # fmt: skip
     assert proc.returncode == 2 and "slow-link" in proc.stderr and "fp16/25MB/H4" in proc.stderr
     assert not (tmp_path / "o").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def _entry(agent: str, role: str, times: list[float]):
+    from commgym.experiments.leaderboard import LeaderboardEntry
+
+    n = len(times)
+    return LeaderboardEntry(
+        "s", agent, role, list(range(1000, 1000 + n)), times, [True] * n, [0.2] * n,
+        [0.9] * n, [1.0] * n, [40] * n,
+    )  # fmt: skip
+
+
+def test_a_constant_player_faster_than_oracle_static_invalidates_the_headroom():
+    """oracle-static is the best entry in hindsight: an agent that played one entry and beat
+    it shows the search measured other conditions (the report says so, h is not valid)."""
+    from commgym.experiments.leaderboard import _static_oracle_beaten
+
+    static = _entry("oracle-static", "oracle", [15.4, 14.3, 13.6])
+    constant = _entry("bandit", "baseline", [8.3, 9.0, 8.7])
+    switching = _entry("ppo", "learned", [8.0, 8.5, 8.2])
+    slower = _entry("autotune", "baseline", [20.4, 20.3, 14.5])
+    actions = {
+        "bandit": {"fast": ("powersgd:2/25MB/H2", 1.0, 50, 0.0),
+                   "slow": ("powersgd:2/25MB/H2", 1.0, 40, 0.0)},
+        "ppo": {"fast": ("none/25MB/H1", 0.9, 50, 0.5),
+                "slow": ("powersgd:2/25MB/H2", 1.0, 40, 0.0)},
+        "autotune": {"fast": ("topk:0.01/25MB/H1", 1.0, 50, 0.0)},
+    }  # fmt: skip
+    beaten = _static_oracle_beaten([static, constant, switching, slower], actions, static)
+    assert [b["agent"] for b in beaten] == ["bandit"]  # adapting may beat it; slower may not
+    assert beaten[0]["config"] == "powersgd:2/25MB/H2" and beaten[0]["p_value"] < 0.05
+    assert _static_oracle_beaten([static, slower], actions, static) == []
+    assert _static_oracle_beaten([constant], actions, None) == []
