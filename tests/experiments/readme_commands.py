@@ -59,6 +59,9 @@ class Run:
             line, checks what it serves, then stops it with SIGTERM.
         after: keys whose commands must have run first (their outputs are its inputs).
         expect: text the command's output must contain.
+        needs: a Python module the command needs beyond the test install (``ray``, the
+            ``commgym[ray]`` extra): where it is missing the command is skipped with the
+            reason (CI installs it, .ci/run).
     """
 
     flags: str = ""
@@ -66,6 +69,7 @@ class Run:
     server: bool = False
     after: tuple[str, ...] = ()
     expect: tuple[str, ...] = ()
+    needs: str = ""
 
     def needs_network(self, form: str) -> bool:
         """Whether ``form`` (one of :func:`expand`'s) emulates a network."""
@@ -107,6 +111,18 @@ EPISODE = "--time-budget-s 0.5 --max-decisions 3"
 RECIPE = "--surrogate-decisions 16 --timesteps 256"
 #: The smoke scenario of the leaderboard commands, and one seed.
 BOARD = "--scenarios {repo}/tests/experiments/smoke-board.yaml --seeds 1"
+#: The README's single-host Ray cluster (started, used by evaluate, stopped).
+RAY_HEAD = (
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head --node-ip-address 127.0.0.1 "
+    "--num-cpus 4 --include-dashboard false"
+)
+MULTI_HOST = (
+    "a cluster of several hosts; the same path runs on two Ray nodes of this machine in "
+    "tests/experiments/test_executor.py::test_a_sweep_lands_on_both_nodes_of_a_two_node_cluster"
+)
+SLURM = "a SLURM allocation of several hosts (Ray's own recipe); " + MULTI_HOST
+#: The headroom scenarios, small: one seed, one decision per episode, two tuning decisions.
+HEADROOM = "--seeds 1 --time-budget-s 0.5 --max-decisions 1 --tuning-decisions 2"
 
 #: The surrogate section's recording commands, whose files the later ones read.
 COLLECT = "commgym collect --decisions 400 --fit commgym-out/surrogate.joblib"
@@ -133,6 +149,14 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         f"--seeds 1 {RECIPE} --fine-tune-episodes 0 --time-budget-s 0.5 --max-decisions 1",
         shaped=True,
         expect=("emulated 500mbit",),
+    ),
+    "commgym leaderboard --scenarios flaky-link --agents oracle-static,oracle-adaptive,"
+    "autotune,autotune:progress,accordion,adacomm,bandit,bayesopt,static:ddp-default,"
+    "static:fp16-dense --seeds 3": Run(HEADROOM, shaped=True, expect=("oracle-adaptive (oracle)",)),
+    "commgym leaderboard --scenarios link-lottery --agents rollout-table,oracle-static,"
+    "oracle-adaptive,autotune,autotune:progress,accordion,adacomm,bandit,bayesopt,"
+    "static:ddp-default,static:fp16-dense --seeds 3": Run(
+        HEADROOM, shaped=True, expect=("rollout-table (learned)", "oracle-adaptive (oracle)")
     ),
     "commgym leaderboard --agents ppo --seeds 1 --output-dir policies": Run(BOARD),
     "commgym leaderboard --policy-dir policies --output-dir board": Run(
@@ -237,6 +261,55 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     ),
     "commgym bench kernels": Mention("commgym bench kernels --repeats 15"),
     "commgym bench kernels --repeats 15": Run("--repeats 1 --sizes-mb 1"),
+    # -- Beyond one machine (the commgym[ray] extra; .ci/run installs it) --------------
+    'pip install torch==2.13.0 -e ".[ray]"': NotInCI(
+        "an install line: .ci/run installs the ray extra before the test command"
+    ),
+    "commgym leaderboard --scenarios default --agents static:ddp-default,static:fp16-dense "
+    "--seeds 2 --executor ray": Run(
+        "--seeds 1 --time-budget-s 0.5 --max-decisions 1",
+        needs="ray",
+        expect=("episodes ran on 1 Ray node(s)",),
+    ),
+    RAY_HEAD: Run(needs="ray"),
+    "commgym evaluate --policy commgym-out/policy.zip --executor ray --ray-address auto": Run(
+        "--episodes 1 --time-budget-s 0.5 --max-decisions 1",
+        needs="ray",
+        after=("commgym train", RAY_HEAD),
+        expect=("episodes ran on 1 Ray node(s)",),
+    ),
+    "ray stop": Run(
+        needs="ray",
+        after=(
+            "commgym evaluate --policy commgym-out/policy.zip --executor ray --ray-address auto",
+        ),
+    ),
+    "ray start --head --port 6379": NotInCI(MULTI_HOST),
+    "ray start --address HEAD_IP:6379": NotInCI(MULTI_HOST),
+    "commgym leaderboard --executor ray --ray-address auto --policy-dir policies": NotInCI(
+        MULTI_HOST
+    ),
+    'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST")); head=${nodes[0]}': NotInCI(SLURM),
+    'head_ip=$(srun --nodes=1 --ntasks=1 -w "$head" hostname --ip-address)': NotInCI(SLURM),
+    'srun --nodes=1 --ntasks=1 -w "$head" ray start --head --node-ip-address="$head_ip" '
+    "--port=6379 --block &": NotInCI(SLURM),
+    "sleep 10": NotInCI(SLURM),
+    'for node in "${nodes[@]:1}"; do': NotInCI(SLURM),
+    'srun --nodes=1 --ntasks=1 -w "$node" ray start --address="$head_ip:6379" --block &': NotInCI(
+        SLURM
+    ),
+    "done": NotInCI(SLURM),
+    'commgym leaderboard --executor ray --ray-address "$head_ip:6379"': NotInCI(SLURM),
+    "python -m commgym.env.worker": Mention(
+        "commgym leaderboard --scenarios default --agents "
+        "static:ddp-default,static:fp16-dense --seeds 2 --executor ray"
+    ),
+    "commgym bench executor": Mention(
+        "commgym bench executor --config default --episodes 8 --actors 1,2"
+    ),
+    "commgym bench executor --config default --episodes 8 --actors 1,2": Run(
+        "--episodes 2 --actors 1 --time-budget-s 0.5 --max-decisions 1", needs="ray"
+    ),
     "pytest -m gpu": NotInCI("needs an NVIDIA GPU; CI machines have none (the gpu tests skip)"),
     "torchrun --standalone": Mention("commgym train"),
     "commgym netem cleanup": Run(expect=("leftover",)),
@@ -256,6 +329,11 @@ SNIPPETS: dict[str, str] = {
     ),
     "sync = GradientSynchronizer(": "run on 2 gloo ranks with a model, optimizer and loader",
     "state, hook = ddp_comm_hook(": "run on 2 gloo ranks with a DDP model",
+    "from ray.cluster_utils import Cluster": (
+        "twin: tests/experiments/test_executor.py::"
+        "test_a_sweep_lands_on_both_nodes_of_a_two_node_cluster (the same two Ray nodes on "
+        "loopback and a sweep whose episodes land on both)"
+    ),
 }
 
 #: Programs a command line may start with (after ``VAR=value`` assignments).

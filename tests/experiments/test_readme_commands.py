@@ -12,6 +12,7 @@ running the tests.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -65,6 +66,8 @@ def _program(name: str) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run"]
     if name == "python":
         return [sys.executable]
+    if name == "ray":  # the ray extra's console script, beside this interpreter
+        return [str(Path(sys.executable).with_name("ray"))]
     raise ValueError(f"the README runner does not run {name!r}")
 
 
@@ -191,6 +194,8 @@ class Session:
         ok, why = self.network
         if failed:
             return RuntimeError(f"prerequisite {failed[0]!r} failed")
+        if row.needs and importlib.util.find_spec(row.needs) is None:
+            return f"needs the {row.needs} module (pip install 'commgym[{row.needs}]')"
         words = _words(key, form)
         if row.needs_network(form) and not ok:
             if row.shaped:  # its links are what it is about: nothing to run on loopback
