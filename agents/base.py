@@ -362,7 +362,8 @@ class Agent(ABC):
         """Choose menu indices for an observation.
 
         Args:
-            observation: float32 array of shape ``(17,)`` or a batch ``(n, 17)``.
+            observation: float32 array of shape ``(20,)`` (``len(OBSERVATION_FIELDS)``) or a
+                batch ``(n, 20)``.
             state: the state returned by the previous call (agents that track episode
                 history), or None.
             episode_start: bool array ``(n,)``; True resets that row's state.
@@ -525,7 +526,7 @@ class StepAgent(Agent):
     # -- to implement -------------------------------------------------------------------
     @abstractmethod
     def _act(self, obs: np.ndarray, state: Any, deterministic: bool) -> tuple[np.ndarray, Any]:
-        """One float32 observation ``(17,)`` -> (int64 action ``(3,)``, next state)."""
+        """One float32 observation ``(20,)`` -> (int64 action ``(3,)``, next state)."""
 
     def _observe(
         self,

@@ -53,7 +53,7 @@ CASES = {
 
 
 def _observations(env: gym.Env, n: int = 12) -> list[np.ndarray]:
-    """Reset obs, a few step obs and random in-bounds obs (float32 (17,))."""
+    """Reset obs, a few step obs and random in-bounds obs (float32, the layout's length)."""
     obs, _ = env.reset(seed=123)
     out = [obs]
     for a in ([0, 0, 0], [2, 1, 2], [4, 2, 1]):
@@ -62,7 +62,7 @@ def _observations(env: gym.Env, n: int = 12) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     builder = ObservationBuilder(env.unwrapped.menu, 2, 1000)
     for _ in range(n - len(out)):
-        x = rng.uniform(0, 1, size=17) * np.minimum(builder.high, 5.0)
+        x = rng.uniform(0, 1, size=builder.high.shape) * np.minimum(builder.high, 5.0)
         x[FIELD["grad_norm_rel_change"]] = rng.uniform(-2, 2)
         out.append(np.clip(x, builder.low, builder.high).astype(np.float32))
     return out
@@ -71,7 +71,7 @@ def _observations(env: gym.Env, n: int = 12) -> list[np.ndarray]:
 def test_registry_names_and_unknown_name():
     assert set(AGENTS) == {
         "static", "random", "grid", "bayesopt", "autotune", "oracle-static", "bandit",
-        "accordion", "adacomm", "ppo", "a2c", "dqn",
+        "accordion", "adacomm", "ppo", "a2c", "dqn", "oracle-adaptive", "rollout-table",
     }  # fmt: skip
     for name, cls in AGENTS.items():
         assert cls.name == name and issubclass(cls, Agent)
