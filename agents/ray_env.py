@@ -2,7 +2,7 @@
 
 Beyond one machine every episode runs on Ray (DESIGN rule 11), as RLlib's ``EnvRunner``
 actors and Tianshou's ``RayVectorEnv`` run theirs: one actor per env instance, which owns
-one ``commgym/AllReduce-v0`` env and so launches (and keeps) its own torchrun ranks.
+one ``commgym/AllReduce-v1`` env and so launches (and keeps) its own torchrun ranks.
 
 **Resources.** A Ray actor reserves no CPU unless told to, and the ranks it launches are
 plain subprocesses Ray does not see. So each actor reserves its ranks' share explicitly
@@ -204,7 +204,7 @@ def restarted_reset(actor: Any, tag: str, timeout_s: float = RESTART_TIMEOUT_S) 
 
 
 class EnvRunner:
-    """The body of one env actor: one ``commgym/AllReduce-v0`` env and its ranks.
+    """The body of one env actor: one ``commgym/AllReduce-v1`` env and its ranks.
 
     Created by :class:`EnvActors` (as ``ray.remote(EnvRunner)``). Its first act kills
     what an earlier incarnation with the same ``tag`` left on this host (a restarted
@@ -223,7 +223,7 @@ class EnvRunner:
         import commgym.env  # noqa: F401 - registers the env
 
         self.tag = tag
-        self.env: gym.Env = gym.make("commgym/AllReduce-v0", config=config)
+        self.env: gym.Env = gym.make("commgym/AllReduce-v1", config=config)
         # a restarted incarnation: the episode its predecessor was in is lost; a step the
         # caller sent before it learnt of the death answers that, not "reset needed"
         with warnings.catch_warnings():  # Ray 2.60's property reads its own deprecated field

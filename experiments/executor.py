@@ -5,7 +5,7 @@ one env in this process, its ranks on this machine, one episode after another. W
 ``--executor ray [--ray-address ADDR]`` (:class:`RayExecutor`) the independent cells of a
 command (an agent's episode on one seed, an oracle's menu entry on one seed, a baseline's
 tuning, a stream of recorded decisions) run in parallel on env actors
-(:class:`~commgym.agents.ray_env.EnvActors`: one ``commgym/AllReduce-v0`` env per actor,
+(:class:`~commgym.agents.ray_env.EnvActors`: one ``commgym/AllReduce-v1`` env per actor,
 its ranks' CPUs reserved, placed with ``STRICT_PACK``). Each episode cell runs THE rollout
 (:func:`~commgym.agents.rollout.rollout`) and sends back its
 :class:`~commgym.agents.rollout.Episode` with what the env reported at every step, so the

@@ -96,7 +96,7 @@ def test_two_env_actors_in_parallel_match_the_same_seeds_run_sequentially(local_
         assert all(d["rank_pids"] for d in where)
     finally:
         vec.close()
-    env = gym.make("commgym/AllReduce-v0", config=cfg)
+    env = gym.make("commgym/AllReduce-v1", config=cfg)
     try:
         for i, seed in enumerate((11, 12)):
             env.reset(seed=seed)

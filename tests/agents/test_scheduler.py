@@ -67,6 +67,8 @@ def _rank_dict(rank: int, decision: int) -> dict:
         "nonfinite": False,
         "samples": 0,
         "bucket_bytes": [104488],
+        "probe_s": 0.001 * r,
+        "probe_bytes": 8192,
     }
 
 
