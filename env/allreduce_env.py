@@ -437,15 +437,17 @@ class AllReduceEnv(gym.Env):
         info["condition"] = self.condition_at(self._train_time_s)
         t0 = time.perf_counter()
         try:
-            replies = self._cluster.command(  # type: ignore[union-attr]
-                {
-                    "cmd": "step",
-                    "config": cfg_comm.to_dict(),
-                    "steps": cfg.steps_per_decision,
-                    "straggler": straggler.to_message(),
-                    "probe_bytes": cfg.probe_bytes,
-                }
-            )
+            msg: dict[str, Any] = {
+                "cmd": "step",
+                "config": cfg_comm.to_dict(),
+                "steps": cfg.steps_per_decision,
+            }
+            # only what this decision needs (the worker's defaults: no jitter, no probe)
+            if straggler.active:
+                msg["straggler"] = straggler.to_message()
+            if cfg.probe_bytes:
+                msg["probe_bytes"] = cfg.probe_bytes
+            replies = self._cluster.command(msg)  # type: ignore[union-attr]
         except CommgymError as err:
             if self._cluster is not None:
                 self._cluster.kill()

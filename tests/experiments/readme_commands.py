@@ -300,10 +300,6 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     ),
     "done": NotInCI(SLURM),
     'commgym leaderboard --executor ray --ray-address "$head_ip:6379"': NotInCI(SLURM),
-    "python -m commgym.env.worker": Mention(
-        "commgym leaderboard --scenarios default --agents "
-        "static:ddp-default,static:fp16-dense --seeds 2 --executor ray"
-    ),
     "commgym bench executor": Mention(
         "commgym bench executor --config default --episodes 8 --actors 1,2"
     ),
