@@ -15,6 +15,7 @@ import pytest
 
 import commgym.env  # noqa: F401 - registers the env
 from commgym.env import ActionMenu, AllReduceEnv, EnvConfig, FlattenAction
+from commgym.env.spaces import OBSERVATION_FIELDS
 
 SMALL = {"workload": "mlp-digits", "world_size": 2, "steps_per_decision": 3, "time_budget_s": 60.0}
 
@@ -244,10 +245,10 @@ def test_subproc_vec_env():
     )  # fmt: skip
     try:
         obs = vec.reset()
-        assert obs.shape == (2, 17)
+        assert obs.shape == (2, len(OBSERVATION_FIELDS))
         for _ in range(3):
             obs, rewards, _, _ = vec.step(np.array([[0, 2, 0], [1, 0, 0]]))
-            assert np.isfinite(rewards).all() and obs.shape == (2, 17)
+            assert np.isfinite(rewards).all() and obs.shape == (2, len(OBSERVATION_FIELDS))
     finally:
         vec.close()
 
