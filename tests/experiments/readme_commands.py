@@ -152,11 +152,13 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     ),
     "commgym leaderboard --scenarios flaky-link --agents oracle-static,oracle-adaptive,"
     "autotune,autotune:progress,accordion,adacomm,bandit,bayesopt,static:ddp-default,"
-    "static:fp16-dense --seeds 3": Run(HEADROOM, shaped=True, expect=("oracle-adaptive (oracle)",)),
+    "static:fp16-dense --seeds 3": Run(
+        HEADROOM, shaped=True, expect=("oracle-adaptive searched", "Adaptation:")
+    ),
     "commgym leaderboard --scenarios link-lottery --agents rollout-table,oracle-static,"
     "oracle-adaptive,autotune,autotune:progress,accordion,adacomm,bandit,bayesopt,"
     "static:ddp-default,static:fp16-dense --seeds 3": Run(
-        HEADROOM, shaped=True, expect=("rollout-table (learned)", "oracle-adaptive (oracle)")
+        HEADROOM, shaped=True, expect=("rollout-table: trained in", "oracle-adaptive searched")
     ),
     "commgym leaderboard --agents ppo --seeds 1 --output-dir policies": Run(BOARD),
     "commgym leaderboard --policy-dir policies --output-dir board": Run(
