@@ -173,7 +173,9 @@ def test_train_on_ray_learns_on_an_env_actor_and_evaluates_there(tmp_path):
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_sigterm_or_ctrl_c_of_the_driver_leaves_no_actor_rank_or_network(tmp_path, sig, status):
     from commgym.env.net import netem_available
-    from tests.experiments.test_cli_signals import _alive, _children, _Reader
+    from tests.experiments.cli_helpers import OutputReader as _Reader
+    from tests.experiments.cli_helpers import alive as _alive
+    from tests.experiments.cli_helpers import descendants as _children
 
     ok, _ = netem_available()
     net = ["--network", "1gbit"] if ok else []
@@ -226,7 +228,8 @@ def test_sigterm_of_a_driver_on_two_nodes_leaves_nothing_on_either(tmp_path):
     from commgym.agents.ray_env import TAG_VARIABLE
     from commgym.env.net import netem_available
     from tests.agents.test_ray_env import _netns, _network_names
-    from tests.experiments.test_cli_signals import _alive, _Reader
+    from tests.experiments.cli_helpers import OutputReader as _Reader
+    from tests.experiments.cli_helpers import alive as _alive
 
     ok, _ = netem_available()
     net = ["--network", "1gbit"] if ok else []
