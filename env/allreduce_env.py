@@ -16,6 +16,7 @@ from commgym.collectives.errors import CommgymError
 from commgym.env.cluster import Cluster, LaunchConfig
 from commgym.env.measure import DecisionMeasurement, combine_eval, decision_info
 from commgym.env.net.plan import NetworkPlan
+from commgym.env.schedule import episode_seed as draw_episode_seed
 from commgym.env.spaces import REWARDS, ActionMenu, ObservationBuilder, decision_outcome
 
 __all__ = ["RESET_TIMEOUT_S", "AllReduceEnv", "EnvConfig", "FlattenAction"]
@@ -373,7 +374,7 @@ class AllReduceEnv(gym.Env):
             # first reset without a seed: derive the stream from config.seed
             super().reset(seed=cfg.seed)
         self._seeded = True
-        episode_seed = int(self.np_random.integers(0, 2**31 - 1))
+        episode_seed = draw_episode_seed(self.np_random)
         # this episode's link, resolved once: it builds the network or is applied to it
         self._schedule = cfg.network_plan.for_episode(episode_seed)
         first_spec = None if self._schedule is None else self._schedule.spec_at(0.0)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Condition", "Phases"]
+__all__ = ["Condition", "Phases", "episode_seed"]
 
 T = TypeVar("T")
 
@@ -153,3 +153,21 @@ class Condition(Generic[T]):
         for t, v in self.entries[1:]:
             moved.append((round(t + rng.uniform(-self.shift_s, self.shift_s), 3), v))
         return Phases(tuple(moved))
+
+
+def episode_seed(np_random: Any) -> int:
+    """The seed of one episode's draws, from the env's generator.
+
+    Both commgym envs call it once per ``reset``, after ``reset(seed=s)`` has seeded
+    ``np_random`` (gymnasium's ``seeding.np_random(s)``): the episode's link profile,
+    schedule shifts and straggler draws (:meth:`Condition.for_episode`) and the ranks' data
+    order all come from it, so a seed means the same episode in the real env and the
+    surrogate.
+
+    Args:
+        np_random: the env's ``numpy.random.Generator``.
+
+    Returns:
+        An int in ``[0, 2**31 - 1)``.
+    """
+    return int(np_random.integers(0, 2**31 - 1))

@@ -13,6 +13,7 @@ from gymnasium import spaces
 
 from commgym.env.measure import DecisionMeasurement, decision_info
 from commgym.env.net.plan import UNSHAPED_LINK_GBPS, link_rate_gbps
+from commgym.env.schedule import episode_seed as draw_episode_seed
 from commgym.env.spaces import REWARDS, ObservationBuilder, decision_outcome
 from commgym.env.surrogate.model import MAX_STREAK, TIMING, SurrogateModel
 
@@ -200,8 +201,7 @@ class SurrogateEnv(gym.Env):
         if seed is None and not hasattr(self, "_seeded"):
             super().reset(seed=self.config.seed)
         self._seeded = True
-        rng = self.np_random
-        episode_seed = int(rng.integers(0, 2**31 - 1))
+        episode_seed = draw_episode_seed(self.np_random)
         self._episode_seed = episode_seed
         spec = self._start_episode(episode_seed)
         # per-episode stream: the same seed and actions give the same episode

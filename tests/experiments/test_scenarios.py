@@ -73,3 +73,23 @@ def test_env_config_takes_schedule_with_shift_and_names_the_valid_forms():
     assert plan.kind == "schedule" and plan.schedule.shift_s == 1.0
     with pytest.raises(ValueError, match="shift_s"):
         EnvConfig(network={"profiles": ["1gbit"], "shift_s": 1.0})
+
+
+def test_link_lottery_seeds_draw_the_links_its_file_states():
+    """The scenario's comment says which link each training and evaluation seed draws."""
+    from gymnasium.utils import seeding
+
+    from commgym.agents.rollout_table import training_seeds
+    from commgym.env.schedule import episode_seed
+
+    cfg = load_run_config("link-lottery", {})
+    plan = cfg.env_config.network_plan
+
+    def link(seed: int) -> str:
+        # the envs' reset: reset(seed=s) seeds np_random, then one episode seed is drawn
+        return str(plan.for_episode(episode_seed(seeding.np_random(seed)[0])).spec_at(0.0))
+
+    train = training_seeds(cfg.seed, cfg.agent_kwargs["rollout-table"]["episodes"])
+    assert [link(s) for s in train] == ["10gbit", "10gbit", "10mbit", "10mbit"]
+    evaluation = [cfg.eval_seed + i for i in range(3)]
+    assert [link(s) for s in evaluation] == ["10mbit", "10gbit", "10mbit"]
