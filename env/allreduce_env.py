@@ -267,7 +267,10 @@ class AllReduceEnv(gym.Env):
     (``"time_budget"``) or ``max_decisions`` was reached.
 
     Ranks persist across episodes: ``reset()`` rebuilds model, optimizer and data order
-    from the episode seed without restarting processes (``info["reset_s"]``).
+    from the episode seed without restarting processes (``info["reset_s"]``). Its
+    parameter broadcasts are not training: on an emulated network they run on the plan's
+    fastest link (:attr:`NetworkPlan.fastest_spec`), and the episode's own link is applied
+    before the first decision.
 
     **Version history** — v0: first release. v1: the observation gains the probe and the
     privileged condition fields (17-19); at a decision boundary under local SGD only the
@@ -379,9 +382,11 @@ class AllReduceEnv(gym.Env):
         self._schedule = cfg.network_plan.for_episode(episode_seed)
         first_spec = None if self._schedule is None else self._schedule.spec_at(0.0)
         t0 = time.perf_counter()
-        cluster = self._ensure_cluster(first_spec)
+        # the launch's and the reset's collectives (parameter broadcasts) are not training:
+        # they run on the plan's fastest link, the episode's own link from the first step on
+        cluster = self._ensure_cluster(cfg.network_plan.fastest_spec)
         if self._net is not None:
-            self._set_network(first_spec)
+            self._set_network(cfg.network_plan.fastest_spec)
         self._action = self.menu.default_action()
         replies = cluster.command(
             # the workload, batch size and learning rate came with the launch config
@@ -394,6 +399,8 @@ class AllReduceEnv(gym.Env):
             # RESET_TIMEOUT_S even when timeout_s is tuned tight for steps
             timeout_s=max(cfg.timeout_s, RESET_TIMEOUT_S),
         )
+        if self._net is not None:
+            self._set_network(first_spec)
         self.last_reset_s = time.perf_counter() - t0
         r0 = replies[0]
         self._num_params = int(r0["num_params"])

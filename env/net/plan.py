@@ -440,6 +440,19 @@ class NetworkPlan:
             return tuple(spec for _, spec in self.schedule)
         return self.profiles
 
+    @property
+    def fastest_spec(self) -> NetworkSpec | None:
+        """The spec with the highest rate (the first of equals); None when unshaped.
+
+        The real env runs each reset's collectives (the parameter broadcasts that make the
+        replicas identical) on it: they are not training, so a slow link would only cost
+        wall time, up to ~20 s per reset of ``mid-mlp`` at 10 Mbit/s.
+        """
+        specs = self.specs
+        if not specs:
+            return None
+        return max(specs, key=lambda s: s.rate_gbps)  # max keeps the first of equals
+
     def for_episode(self, episode_seed: int | None) -> NetworkSchedule | None:
         """One episode's link over its training time (the real env and the surrogate read it).
 

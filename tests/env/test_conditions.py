@@ -192,3 +192,20 @@ def test_the_probe_is_timed_counted_and_observed():
             assert obs[idx["log10_link_gbps"]] == 0.0 and obs[idx["straggler_ms"]] == 0.0
     finally:
         env.close()
+
+
+@pytest.mark.parametrize(
+    ("network", "fastest"),
+    [
+        (None, None),
+        ("100mbit", "100mbit"),
+        ({"profiles": ["10mbit", "10gbit", "1gbit"]}, "10gbit"),
+        ([[0, "1gbit"], [2, "10mbit"], [4, "1gbit"]], "1gbit"),
+        ({"profiles": ["1gbit", "ethernet-1g"]}, "1gbit"),  # equal rates: the first
+    ],
+)
+def test_fastest_spec_is_the_highest_rate_of_the_plan(network, fastest):
+    from commgym.env.net import NetworkPlan
+
+    spec = NetworkPlan.parse(network).fastest_spec
+    assert (None if spec is None else str(spec)) == fastest

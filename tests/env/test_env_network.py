@@ -141,3 +141,42 @@ def test_killed_rank_leaves_no_namespace_after_close():
     assert terminated and "failure" in info
     env.close()
     assert name not in _names()
+
+
+def test_reset_broadcasts_on_the_fastest_link_and_trains_on_the_episodes():
+    """A reset's parameter broadcasts are not training: the fastest link of the plan carries
+    them, and the episode's own link is in force before its first decision."""
+    env = AllReduceEnv(**BASE, network={"profiles": ["10mbit", "1gbit"]})
+    seeds = {}  # seed -> the link the episode drew
+    try:
+        env.reset(seed=0)
+        events: list[str] = []
+        net, cluster = env.network, env.cluster
+        apply, command = net.apply, cluster.command
+
+        def spy_apply(spec):
+            events.append(f"link {spec}")
+            return apply(spec)
+
+        def spy_command(msg, *a, **k):
+            events.append(f"cmd {msg['cmd']}")
+            return command(msg, *a, **k)
+
+        net.apply, cluster.command = spy_apply, spy_command
+        for seed in range(6):
+            events.clear()
+            env.reset(seed=seed)
+            drawn = env.episode_phases[0][1].split(",")[0]
+            seeds[seed] = drawn
+            i = events.index("cmd reset")
+            links = [e for e in events[:i] if e.startswith("link")]
+            assert all(e == "link 1gbit" for e in links), events
+            assert str(env.network.spec) == drawn, events
+            _, _, _, _, info = env.step(env.menu.default_action())
+            assert info["network"] == drawn
+            assert f"rate {'1Gbit' if drawn == '1gbit' else '10Mbit'}" in " ".join(
+                env.network.qdiscs(0)
+            )
+    finally:
+        env.close()
+    assert set(seeds.values()) == {"10mbit", "1gbit"}, seeds  # both links were drawn
