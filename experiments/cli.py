@@ -558,6 +558,7 @@ LEADERBOARD_OPTIONS: tuple[str, ...] = (
     "surrogate_decisions",
     "fine_tune_episodes",
     "tuning_decisions",
+    "env.steps_per_decision",
     "env.time_budget_s",
     "env.max_decisions",
     "env.network_strict",

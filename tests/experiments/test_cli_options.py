@@ -47,7 +47,8 @@ RELIED_ON = {
     "leaderboard": {
         "--scenarios", "--agents", "--seeds", "--policy-dir", "--output-dir", "--timesteps",
         "--surrogate-decisions", "--fine-tune-episodes", "--tuning-decisions",
-        "--time-budget-s", "--max-decisions", "--drop-impairments", "--tracking-uri",
+        "--steps-per-decision", "--time-budget-s", "--max-decisions", "--drop-impairments",
+        "--tracking-uri",
     },
 }  # fmt: skip
 
