@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -204,7 +205,20 @@ def test_sigterm_or_ctrl_c_of_the_driver_leaves_no_actor_rank_or_network(tmp_pat
         networks = {_rdzv_id(p) for p in everything} - {None}
         time.sleep(1.0)
         proc.send_signal(sig)
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            stack = (
+                subprocess.run(
+                    ["py-spy", "dump", "--pid", str(proc.pid)],
+                    check=False,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+                if shutil.which("py-spy")
+                else ""
+            )
+            pytest.fail(f"still running 120 s after {sig!r}:\n{reader.text[-3000:]}\n{stack}")
     finally:
         if proc.poll() is None:
             proc.kill()
