@@ -302,6 +302,26 @@ def test_bad_config_is_refused_with_a_clear_message(kwargs, match):
         EnvConfig(**kwargs)
 
 
+def test_a_period_longer_than_a_decision_warns_and_trains_as_the_decision_length():
+    """Every decision ends with the replicas averaged, so H4 with K=2 trains as H2, bit for bit."""
+    cfg = {**SMALL, "steps_per_decision": 2, "action_menu": {"sync_period": [2, 4]}}
+    with pytest.warns(UserWarning, match=r"sync_period 4 exceeds steps_per_decision 2.*>= 4"):
+        EnvConfig(**cfg)
+    with pytest.warns(UserWarning, match="sync_period 4"):
+        e = gym.make("commgym/AllReduce-v1", **cfg)
+    try:
+        losses = {}
+        for period_index in (0, 1):  # H2, H4
+            e.reset(seed=3)
+            losses[period_index] = [
+                e.step(np.array([0, 0, period_index]))[4]["measured"]["eval_loss"] for _ in range(3)
+            ]
+        assert losses[0] == losses[1], losses
+        assert losses[0][0] > losses[0][-1]  # it trained
+    finally:
+        e.close()
+
+
 def test_invalid_action_is_refused(env):
     env.reset(seed=0)
     with pytest.raises(ValueError, match="not in"):

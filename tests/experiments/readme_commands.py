@@ -170,6 +170,8 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     "static:ddp-default,static:fp16-dense --seeds 3": Run(
         HEADROOM, shaped=True, expect=("rollout-table: trained in", "oracle-adaptive searched")
     ),
+    "commgym leaderboard --scenarios changing-link --agents oracle-static,oracle-adaptive "
+    "--seeds 3": Run(HEADROOM, shaped=True, expect=("oracle-adaptive searched", "Adaptation:")),
     "commgym leaderboard --agents ppo --seeds 1 --output-dir policies": Run(BOARD),
     "commgym leaderboard --policy-dir policies --output-dir board": Run(
         BOARD,
