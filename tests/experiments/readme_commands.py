@@ -249,6 +249,8 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     "commgym bench netem": Run(
         "--profiles wan-100m --world-sizes 2 --sizes-mb 1 --repeats 1", shaped=True
     ),
+    "commgym bench netem --profiles 10mbit,10gbit --world-sizes 4 --sizes-mb "
+    "0.0078125,0.0625,1 --repeats 3": Run("--repeats 1", shaped=True),
     "commgym collect": Mention(COLLECT),
     "commgym fit-surrogate": Mention(
         "commgym fit-surrogate --data commgym-out/transitions.csv --bench "
