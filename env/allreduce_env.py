@@ -38,7 +38,7 @@ class EnvConfig:
         device: ``"cpu"`` or ``"cuda"`` (``cuda`` implies ``nccl``).
         steps_per_decision: training iterations per ``step()`` (K), >= 1. Every decision
             ends with the replicas averaged (the consensus model its held-out loss is
-            measured on), so a menu period above K trains as period K: a warning says so.
+            measured on), so a menu period above K trains as period K: the env warns.
         time_budget_s: training wall time per episode (sum over decisions of the slowest
             rank's training time); reaching it truncates the episode.
         target_loss: held-out loss that ends the episode (``terminated``); required by
@@ -169,19 +169,6 @@ class EnvConfig:
             get_workload(self.workload)  # raises with the known names
         self.workload_modules = tuple(self.workload_modules)
         self.menu = ActionMenu.from_any(self.action_menu)
-        longest = max(self.menu.sync_period)
-        if longest > self.steps_per_decision:
-            # the consensus model of every decision's end averages the replicas: a longer
-            # period would silently train as a shorter one
-            warnings.warn(
-                f"sync_period {longest} exceeds steps_per_decision {self.steps_per_decision}: "
-                "the env averages the replicas at the end of every decision (the consensus "
-                "model whose held-out loss it measures), so any period above "
-                f"{self.steps_per_decision} trains as period {self.steps_per_decision}; set "
-                f"steps_per_decision >= {longest} for that period to take effect",
-                UserWarning,
-                stacklevel=3,
-            )
 
     def launch_config(self) -> LaunchConfig:
         """What every rank receives once before it joins the process group.
@@ -318,6 +305,19 @@ class AllReduceEnv(gym.Env):
         self.config = config if config is not None else EnvConfig(**kwargs)
         cfg = self.config
         self.menu = cfg.menu
+        longest = max(cfg.menu.sync_period)
+        if longest > cfg.steps_per_decision:
+            # the consensus model of every decision's end averages the replicas: a longer
+            # period would silently train as a shorter one
+            warnings.warn(
+                f"sync_period {longest} exceeds steps_per_decision {cfg.steps_per_decision}: "
+                "the env averages the replicas at the end of every decision (the consensus "
+                "model whose held-out loss it measures), so any period above "
+                f"{cfg.steps_per_decision} trains as period {cfg.steps_per_decision}; set "
+                f"steps_per_decision >= {longest} for that period to take effect",
+                UserWarning,
+                stacklevel=2,
+            )
         self.action_space = spaces.MultiDiscrete(self.menu.nvec)
         from commgym.env.workloads import get_workload
 
