@@ -231,10 +231,11 @@ class AllReduceEnv(gym.Env):
     ``bandwidth_gbps`` is the *effective* bandwidth the training step experienced
     (``effective_bandwidth_gbps``: bytes handed to collectives * 8 / seconds blocked on
     them), not the link rate. Transfers hidden behind backward, and on an emulated link
-    bytes carried by the token bucket's burst (128 KiB per link) after it refilled during
-    compute, cost no waiting, so it can read above the configured rate, more so on a busy
-    machine; it is never below the decision's average throughput
-    ``bytes_total * 8 / train_time_s``. The configured link is ``info["network"]``.
+    bytes carried by the token bucket's burst (``tbf_burst_bytes``: 15 KB at 10 Mbit/s,
+    50 KB at 100 Mbit/s) after it refilled during compute, cost no waiting, so it can read
+    above the configured rate, more so on a busy machine; it is never below the decision's
+    average throughput ``bytes_total * 8 / train_time_s``. The configured link is
+    ``info["network"]``.
 
     ``log10_probe_gbps`` is measured independently of the configuration just played: with
     ``probe_bytes > 0`` every rank all-reduces a buffer of that size at the end of each

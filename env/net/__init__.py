@@ -39,11 +39,14 @@ Shaping backends (chosen by probing the kernel once per process):
   ``strict=False`` (then they are ignored with a warning and
   :attr:`EmulatedNetwork.effective_spec` shows what is really applied).
 
-tbf burst sizing: ``burst = max(rate_bytes / HZ, 128 KiB, 10 * MTU)`` with HZ taken as
-250 (the common ``CONFIG_HZ``; tbf uses high-resolution timers on current kernels, so
-this is a conservative lower bound). The 128 KiB floor keeps a 64 KiB GSO super-packet
-(and its successor) in one token refill, so tbf does not segment every packet in
-software; over a 1 s measurement the burst contributes < 1 % rate error at 100 Mbit/s.
+tbf burst sizing: ``burst = max(rate_bytes / HZ, 10 * MTU)`` with HZ taken as 250 (the
+common ``CONFIG_HZ``; tbf uses high-resolution timers on current kernels, so this is a
+conservative lower bound): 15 KB at 10 Mbit/s, 50 KB at 100 Mbit/s, 500 KB at 1 Gbit/s.
+A burst this small charges a small message its serialisation delay as a real link would
+(a 64 KiB all-reduce over 4 ranks takes ~80 ms at 10 Mbit/s, not the loopback's few ms);
+tbf segments GSO super-packets larger than the burst in software, which at these rates
+costs little CPU. (An earlier floor of 128 KiB let messages below it pass at loopback
+speed once the bucket refilled; figures measured before the change say so.)
 The tbf queue holds 10 ms at the configured rate (``latency 10ms``).
 
 Naming (the pattern :func:`cleanup_leftovers` matches; all names are <= 15 characters):

@@ -26,12 +26,15 @@ _HZ = 250
 def tbf_burst_bytes(rate_bit_s: float, mtu: int = 1500) -> int:
     """Token-bucket depth of each shaped link, bytes (see the package docstring).
 
+    ``max(rate_bytes / HZ, 10 * MTU)``: one timer tick at the rate, at least ten frames.
     A transfer shorter than this passes at the sender's own speed once the bucket has
     refilled (``burst * 8 / rate`` seconds idle), which is why a per-decision bandwidth
     can read above the configured rate; over a window of ``t`` seconds a link carries at
-    most ``rate * t / 8 + burst`` bytes.
+    most ``rate * t / 8 + burst`` bytes. Keeping it this small is what makes a slow link
+    charge small messages (a probe, PowerSGD's factors) their serialisation delay, as a
+    real one does; tbf segments the GSO super-packets larger than the burst.
     """
-    return int(max(rate_bit_s / 8 / _HZ, 128 * 1024, 10 * mtu))
+    return int(max(rate_bit_s / 8 / _HZ, 10 * mtu))
 
 
 def _effective_caps() -> int:

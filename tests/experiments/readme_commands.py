@@ -251,6 +251,8 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     ),
     "commgym bench netem --profiles 10mbit,10gbit --world-sizes 4 --sizes-mb "
     "0.0078125,0.0625,1 --repeats 3": Run("--repeats 1", shaped=True),
+    "commgym bench netem --profiles 10mbit,100mbit,1gbit --world-sizes 4 --sizes-mb "
+    "0.0625,1,16 --repeats 3": Run("--sizes-mb 0.0625,1 --repeats 1", shaped=True),
     "commgym collect": Mention(COLLECT),
     "commgym fit-surrogate": Mention(
         "commgym fit-surrogate --data commgym-out/transitions.csv --bench "

@@ -216,7 +216,7 @@ def test_sigterm_or_ctrl_c_of_the_driver_leaves_no_actor_rank_or_network(tmp_pat
                     text=True,
                 ).stdout
                 if shutil.which("py-spy")
-                else ""
+                else "(no stack: py-spy is not installed; the dev extra has it)"
             )
             pytest.fail(f"still running 120 s after {sig!r}:\n{reader.text[-3000:]}\n{stack}")
     finally:
