@@ -171,6 +171,10 @@ def test_train_on_ray_learns_on_an_env_actor_and_evaluates_there(tmp_path):
     assert len(rows) >= 1 + 16  # header + the decisions PPO learned from, logged here
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_sigterm_or_ctrl_c_of_the_driver_leaves_no_actor_rank_or_network(tmp_path, sig, status):
     from commgym.env.net import netem_available
@@ -188,7 +192,15 @@ def test_sigterm_or_ctrl_c_of_the_driver_leaves_no_actor_rank_or_network(tmp_pat
         "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--executor", "ray", *net,
     ]  # fmt: skip
     proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # Ctrl-C as at a terminal: a suite started in the background of a shell without job
+        # control inherits SIGINT ignored, and a program keeps an ignored SIGINT ignored
+        preexec_fn=_ctrl_c_as_at_a_terminal,  # noqa: PLW1509 - one signal() call, no locks
     )
     reader = _Reader(proc)
     try:
