@@ -52,15 +52,18 @@ class StragglerSpec:
         return self.delay_s > 0 and self.prob > 0
 
     @classmethod
-    def parse(cls, text: str | StragglerSpec | None) -> StragglerSpec:
+    def parse(cls, text: str | bool | StragglerSpec | None) -> StragglerSpec:
         """Parses ``"off"``, ``"40ms"`` or ``"40ms:p=0.5"`` (None and ``"off"``: no jitter).
+
+        ``False`` is ``"off"`` too: YAML 1.1 (PyYAML) reads an unquoted ``off`` as ``False``,
+        so ``stragglers: off`` in a scenario file arrives as a boolean.
 
         Raises:
             ValueError: anything else (the message gives the forms).
         """
         if isinstance(text, cls):
             return text
-        if text is None or text == "off":
+        if text is None or text is False or text == "off":
             return cls()
         forms = "'off', '<delay>' or '<delay>:p=<prob>' with delay like 40ms, 0.1s, 500us"
         if not isinstance(text, str):

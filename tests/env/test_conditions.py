@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import yaml
 
 import commgym.env  # noqa: F401 - registers the env
 from commgym.env import AllReduceEnv, EnvConfig
@@ -66,6 +67,18 @@ def test_straggler_specs_parse_and_print():
     for bad in ("fast", "40", "40ms:q=1", "40ms:p=2", "-1ms", "120s"):
         with pytest.raises(ValueError, match="straggler"):
             StragglerSpec.parse(bad)
+
+
+def test_unquoted_off_in_a_scenario_file_is_off():
+    # PyYAML reads `off` as False (YAML 1.1); a scenario file writes it unquoted
+    doc = yaml.safe_load("fixed: off\nsched: {schedule: [[0, off], [5, 20ms]]}\nbad: on\n")
+    assert doc["fixed"] is False
+    fixed = Condition.parse(doc["fixed"], StragglerSpec.parse, "stragglers")
+    assert fixed.for_episode(1) == Phases(((0.0, StragglerSpec()),))
+    sched = Condition.parse(doc["sched"], StragglerSpec.parse, "stragglers")
+    assert sched.for_episode(1) == Phases(((0.0, StragglerSpec()), (5.0, StragglerSpec(0.02))))
+    with pytest.raises(ValueError, match=r"straggler spec must be .* got True"):
+        StragglerSpec.parse(doc["bad"])
 
 
 def test_straggler_draws_agree_across_ranks_and_pick_one_rank():

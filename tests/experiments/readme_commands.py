@@ -170,6 +170,19 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     "static:ddp-default,static:fp16-dense --seeds 3": Run(
         HEADROOM, shaped=True, expect=("rollout-table: trained in", "oracle-adaptive searched")
     ),
+    "commgym leaderboard --scenarios flaky-link --agents rollout-table --seeds 3 --output-dir "
+    "policies": Run(HEADROOM, shaped=True, expect=("rollout-table: trained in",)),
+    "commgym leaderboard --scenarios flaky-link --agents rollout-table,oracle-static,"
+    "oracle-adaptive,autotune,autotune:progress,accordion,adacomm,bandit,bayesopt,"
+    "static:ddp-default,static:fp16-dense --seeds 3 --policy-dir policies": Run(
+        HEADROOM,
+        shaped=True,
+        after=(
+            "commgym leaderboard --scenarios flaky-link --agents rollout-table --seeds 3 "
+            "--output-dir policies",
+        ),
+        expect=("rollout-table: loaded", "oracle-adaptive searched", "Adaptation:"),
+    ),
     "commgym leaderboard --scenarios changing-link --agents oracle-static,oracle-adaptive "
     "--seeds 3": Run(HEADROOM, shaped=True, expect=("oracle-adaptive searched", "Adaptation:")),
     "commgym leaderboard --agents ppo --seeds 1 --output-dir policies": Run(BOARD),
