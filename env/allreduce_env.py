@@ -15,6 +15,7 @@ from gymnasium import spaces
 from commgym.collectives.errors import CommgymError
 from commgym.env.cluster import Cluster, LaunchConfig
 from commgym.env.measure import DecisionMeasurement, combine_eval, decision_info
+from commgym.env.net.cross_traffic import CrossTraffic, CrossTrafficSpec
 from commgym.env.net.plan import NetworkPlan
 from commgym.env.schedule import episode_seed as draw_episode_seed
 from commgym.env.spaces import REWARDS, ActionMenu, ObservationBuilder, decision_outcome
@@ -68,6 +69,11 @@ class EnvConfig:
             a spec (``"40ms"``, ``"40ms:p=0.5"``), a schedule ``[[elapsed_training_s,
             spec], ...]`` (``{"schedule": [...], "shift_s": s}``) or ``{"profiles":
             [...]}``, in the same forms as ``network`` (:mod:`commgym.env.schedule`).
+        cross_traffic: competing bulk TCP flows on the emulated links
+            (:mod:`commgym.env.net.cross_traffic`): ``None``/``"off"``, a spec
+            (``"1flow"`` on rank 0's link, ``"2flows@all"``), or a schedule/profiles in the
+            same forms as ``network``. Needs an emulated ``network``; the flows switch at
+            decision boundaries (like the link) and run during the decision's steps.
         probe_bytes: size of a probe all-reduce every rank runs at the end of each decision
             (B; 0: none). Its time, counted as training time, gives the observation's
             ``log10_probe_gbps``: the link as measured independently of the configuration
@@ -102,6 +108,7 @@ class EnvConfig:
     max_decisions: int | None = None
     shards: str = "iid"
     stragglers: str | list[Any] | dict[str, Any] | None = None
+    cross_traffic: str | list[Any] | dict[str, Any] | None = None
     probe_bytes: int = 0
     privileged_obs: bool = False
     menu: ActionMenu = field(init=False, repr=False)
@@ -159,6 +166,18 @@ class EnvConfig:
         self.straggler_condition = Condition.parse(
             self.stragglers, StragglerSpec.parse, "stragglers"
         )
+        self.cross_traffic_condition = Condition.parse(
+            self.cross_traffic, CrossTrafficSpec.parse, "cross_traffic"
+        )
+        busy = [c for c in self.cross_traffic_condition.values if c.active]
+        for spec in busy:
+            spec.busy_ranks(self.world_size)  # raises for a rank outside the world
+        if busy and not self.network_plan.emulated:
+            raise ValueError(
+                f"cross_traffic={self.cross_traffic!r} needs an emulated network (e.g. "
+                "network: 1gbit): its flows compete for a shaped link, and an unshaped "
+                "one would only load the CPU"
+            )
         from commgym.env.workloads import WORKLOADS, get_workload
 
         if (
@@ -331,6 +350,8 @@ class AllReduceEnv(gym.Env):
         self._cluster: Cluster | None = None
         self._net: Any = None
         self._net_spec: Any = None
+        self._cross: Any = None  # CrossTraffic on self._net, made when a phase needs it
+        self._crossing = cfg.cross_traffic_condition.for_episode(None)
         if cfg.network_plan.emulated:  # checked before any rank starts
             from commgym.env.net import emulation_problem
 
@@ -375,6 +396,13 @@ class AllReduceEnv(gym.Env):
             self._net.apply(spec)
             self._net_spec = spec
 
+    def _set_cross_traffic(self, spec: Any) -> None:
+        if self._net is None or (self._cross is None and not spec.active):
+            return
+        if self._cross is None:
+            self._cross = CrossTraffic(self._net)
+        self._cross.apply(spec)
+
     @property
     def network(self) -> Any:
         """The :class:`~commgym.env.net.EmulatedNetwork` (None when unshaped)."""
@@ -403,6 +431,9 @@ class AllReduceEnv(gym.Env):
         cluster = self._ensure_cluster(cfg.network_plan.fastest_spec)
         if self._net is not None:
             self._set_network(cfg.network_plan.fastest_spec)
+        self._crossing = cfg.cross_traffic_condition.for_episode(episode_seed)
+        # like the link, the flows wait for training: the reset's broadcasts run without them
+        self._set_cross_traffic(CrossTrafficSpec())
         self._action = self.menu.default_action()
         replies = cluster.command(
             # the workload, batch size and learning rate came with the launch config
@@ -417,6 +448,7 @@ class AllReduceEnv(gym.Env):
         )
         if self._net is not None:
             self._set_network(first_spec)
+        self._set_cross_traffic(self._crossing.value_at(0.0))
         self.last_reset_s = time.perf_counter() - t0
         r0 = replies[0]
         self._num_params = int(r0["num_params"])
@@ -455,6 +487,7 @@ class AllReduceEnv(gym.Env):
         info: dict[str, Any] = {"config": str(cfg_comm), "action": cfg_comm.to_dict()}
         if self._net is not None:
             self._set_network(self._schedule.spec_at(self._train_time_s))
+        self._set_cross_traffic(self._crossing.value_at(self._train_time_s))
         if self._net_spec is not None:
             info["network"] = str(self._net_spec)
         straggler = self._stragglers.value_at(self._train_time_s)
@@ -593,28 +626,37 @@ class AllReduceEnv(gym.Env):
     def episode_phases(self) -> list[tuple[float, str]]:
         """The running episode's condition phases: ``(start_training_s, label)`` pairs.
 
-        A new phase starts wherever the link (``network``) or the straggler jitter
-        (``stragglers``) switches; the label names both (``"20mbit, stragglers off"``).
+        A new phase starts wherever the link (``network``), the straggler jitter
+        (``stragglers``) or the cross traffic (``cross_traffic``) switches; the label names
+        them (``"20mbit, stragglers off"``, see :meth:`condition_at`).
         """
         times = {0.0}
         if self._schedule is not None:
             times |= {t for t, _ in self._schedule}
         times |= set(self._stragglers.boundaries)
+        times |= set(self._crossing.boundaries)
         return [(t, self.condition_at(t)) for t in sorted(times)]
 
     def condition_at(self, train_time_s: float) -> str:
         """The conditions in force after ``train_time_s`` of the running episode, as a label.
 
         ``"<link>, stragglers <spec>"``: the link spec (``loopback`` when unshaped) and
-        the straggler jitter (``off`` without). Decisions carry it in ``info["condition"]``.
+        the straggler jitter (``off`` without); scenarios with cross traffic append
+        ``", cross traffic <spec>"``. Decisions carry it in ``info["condition"]``.
         """
         net = "loopback" if self._schedule is None else str(self._schedule.spec_at(train_time_s))
-        return f"{net}, stragglers {self._stragglers.value_at(train_time_s)}"
+        label = f"{net}, stragglers {self._stragglers.value_at(train_time_s)}"
+        if any(c.active for c in self.config.cross_traffic_condition.values):
+            label += f", cross traffic {self._crossing.value_at(train_time_s)}"
+        return label
 
     def close(self) -> None:  # noqa: D102
         if self._cluster is not None:
             self._cluster.close()
             self._cluster = None
+        if self._cross is not None:
+            self._cross.close()
+            self._cross = None
         if self._net is not None:
             self._net.close()
             self._net = None

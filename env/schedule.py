@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Condition", "Phases", "episode_seed"]
+__all__ = ["Condition", "Phases", "episode_seed", "means_off"]
 
 T = TypeVar("T")
 
@@ -153,6 +153,16 @@ class Condition(Generic[T]):
         for t, v in self.entries[1:]:
             moved.append((round(t + rng.uniform(-self.shift_s, self.shift_s), 3), v))
         return Phases(tuple(moved))
+
+
+def means_off(value: Any) -> bool:
+    """Whether a condition's value is its "off" form: ``"off"``, ``None`` or ``False``.
+
+    ``False`` because YAML 1.1 (PyYAML) reads an unquoted ``off`` as a boolean, so
+    ``stragglers: off`` in a scenario file arrives as ``False``. ``True`` (``on``) is no
+    form of any condition and is left to the value's parser to refuse.
+    """
+    return value is None or value is False or (isinstance(value, str) and value == "off")
 
 
 def episode_seed(np_random: Any) -> int:

@@ -22,6 +22,8 @@ import random
 import re
 from typing import Any
 
+from commgym.env.schedule import means_off
+
 __all__ = ["StragglerSpec", "StragglerDraw"]
 
 _DELAY_RE = re.compile(r"^(?P<value>\d+(?:\.\d+)?)(?P<unit>s|ms|us)$")
@@ -55,15 +57,14 @@ class StragglerSpec:
     def parse(cls, text: str | bool | StragglerSpec | None) -> StragglerSpec:
         """Parses ``"off"``, ``"40ms"`` or ``"40ms:p=0.5"`` (None and ``"off"``: no jitter).
 
-        ``False`` is ``"off"`` too: YAML 1.1 (PyYAML) reads an unquoted ``off`` as ``False``,
-        so ``stragglers: off`` in a scenario file arrives as a boolean.
+        ``False`` is ``"off"`` too (:func:`commgym.env.schedule.means_off`).
 
         Raises:
             ValueError: anything else (the message gives the forms).
         """
         if isinstance(text, cls):
             return text
-        if text is None or text is False or text == "off":
+        if means_off(text):
             return cls()
         forms = "'off', '<delay>' or '<delay>:p=<prob>' with delay like 40ms, 0.1s, 500us"
         if not isinstance(text, str):

@@ -332,6 +332,12 @@ CLI_FIELDS: dict[str, CliField] = {
         cli_type=str,
         show_default=False,
     ),
+    "env.cross_traffic": CliField(
+        "Competing bulk TCP flows on the emulated links, e.g. 1flow (rank 0's link), "
+        "2flows@all; needs --network; YAML also takes schedules (default: off).",
+        cli_type=str,
+        show_default=False,
+    ),
     "env.probe_bytes": CliField(
         "Bytes of a probe all-reduce at the end of every decision, timed for the "
         "observation's link estimate (its time counts as training; 0: none).",

@@ -98,6 +98,11 @@ class SurrogateEnv(gym.Env):
         elif kwargs:
             raise TypeError("pass either an EnvConfig or keyword arguments, not both")
         self.config = config
+        if any(c.active for c in config.cross_traffic_condition.values):
+            raise ValueError(
+                f"cross_traffic={config.cross_traffic!r}: the surrogate models the link rate "
+                "and stragglers, not competing flows; learn on real ranks (env_kind: real)"
+            )
         if config.menu.to_dict() != model.menu.to_dict():
             raise ValueError(
                 f"action menu {config.menu.to_dict()} differs from the surrogate's "

@@ -176,6 +176,11 @@ def test_menu_mismatch_raises(model):
         )
 
 
+def test_cross_traffic_is_refused_with_what_to_do(model):
+    with pytest.raises(ValueError, match="not competing flows; learn on real ranks"):
+        SurrogateEnv(model, network="1gbit", cross_traffic="1flow")
+
+
 @pytest.mark.expensive
 def test_throughput_over_10k_steps_per_second(model):
     env = SurrogateEnv(model, time_budget_s=6.0)

@@ -183,6 +183,8 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         ),
         expect=("rollout-table: loaded", "oracle-adaptive searched", "Adaptation:"),
     ),
+    "commgym leaderboard --scenarios busy-link --agents oracle-static,oracle-adaptive "
+    "--seeds 3": Run(HEADROOM, shaped=True, expect=("oracle-adaptive searched", "Adaptation:")),
     "commgym leaderboard --scenarios changing-link --agents oracle-static,oracle-adaptive "
     "--seeds 3": Run(HEADROOM, shaped=True, expect=("oracle-adaptive searched", "Adaptation:")),
     "commgym leaderboard --agents ppo --seeds 1 --output-dir policies": Run(BOARD),
