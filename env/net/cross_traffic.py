@@ -18,6 +18,7 @@ each flow costs some CPU, so on a small machine keep them few).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -231,10 +232,10 @@ def _kill_all(procs: list[subprocess.Popen[str]]) -> None:
 def _kill(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
-    try:
+    # a process stuck in the kernel (uninterruptible sleep) can outlive SIGKILL for a
+    # while: stop waiting rather than hang the env's close; the kernel reaps it later
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait on us
-        pass
     for stream in (proc.stdout, proc.stderr):
         if stream is not None:
             stream.close()
