@@ -1,7 +1,7 @@
 """The ``commgym`` command line (typer).
 
-``train``, ``evaluate``, ``replay``, ``collect``, ``fit-surrogate``, ``ui``, ``netem
-cleanup`` and the ``bench`` group. Conventions every command keeps:
+``train``, ``evaluate``, ``replay``, ``collect``, ``fit-surrogate``, ``headroom-bound``,
+``ui``, ``netem cleanup`` and the ``bench`` group. Conventions every command keeps:
 
 * bad input (an unknown name, a missing or garbage policy file, an output folder that
   cannot be written, an unreachable tracking server) is one ``error: ...`` line on
@@ -552,6 +552,83 @@ def fit_surrogate_cmd(
         typer.echo(format_holdout_report(holdout_report(model, read_transitions(holdout))))
 
 
+#: Options of ``commgym headroom-bound``.
+BOUND_OPTIONS = {
+    "conditions": CliField(
+        "Comma-separated <condition>=<CSV> pairs: oracle-static's ranking with that "
+        "condition held fixed (a leaderboard's static-entries-<scenario>.csv)."
+    ),
+    "shares": CliField(
+        "Comma-separated shares of the conditions, in their order, summing to 1 "
+        "(default: the mix where static play falls furthest behind)."
+    ),
+    "per_job": CliField("Conditions drawn once per job (profiles), not alternating inside one."),
+}
+
+
+def _parse_conditions(text: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in comma_list(text):
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"--conditions item {item!r} is not <condition>=<static-entries CSV>")
+        if name.strip() in pairs:
+            raise ValueError(f"--conditions names {name.strip()!r} twice")
+        pairs[name.strip()] = path.strip()
+    return pairs
+
+
+def _parse_shares(text: str, names: list[str]) -> dict[str, float]:
+    parts = comma_list(text)
+    if len(parts) != len(names):
+        raise ValueError(f"--shares {text!r} gives {len(parts)} shares for the conditions {names}")
+    try:
+        return {n: float(x) for n, x in zip(names, parts, strict=True)}
+    except ValueError:
+        raise ValueError(f"--shares {text!r} must be numbers, e.g. 0.67,0.33") from None
+
+
+@app.command("headroom-bound")
+@own_options(BOUND_OPTIONS)
+def headroom_bound_cmd(conditions: str, shares: str | None = None, per_job: bool = False) -> None:
+    """Bound a scenario's headroom from its entries' times with each condition held fixed.
+
+    The most any schedule could gain over the best static entry
+    (:func:`commgym.experiments.headroom.switching_bound`), before building the scenario.
+    """
+    from commgym.experiments.headroom import switching_bound
+    from commgym.experiments.leaderboard import read_static_ranking
+
+    try:
+        paths = _parse_conditions(conditions)
+        names = list(paths)
+        rankings = {n: read_static_ranking(p) for n, p in paths.items()}
+        times = {n: {e.config: e.mean_time_to_target_s for e in r} for n, r in rankings.items()}
+        mix = None if shares is None else _parse_shares(shares, names)
+        bound = switching_bound(times, shares=mix, per_job=per_job)
+    except (ValueError, FileNotFoundError) as err:
+        fail(err)
+    entries = [e for e in times[names[0]] if all(e in times[n] for n in names)]
+    width = max(len(e) for e in entries)
+    lines = ["time to target, s (oracle-static's mean over seeds; * fastest under the condition)"]
+    lines.append(" ".join([f"{'entry':<{width}}", *(f"{n:>12}" for n in names)]))
+    for e in entries:
+        cells = [f"{times[n][e]:.2f}" + ("*" if bound.best_entries[n] == e else " ") for n in names]
+        lines.append(" ".join([f"{e:<{width}}", *(f"{c:>12}" for c in cells)]))
+    missed = sorted({e.config for r in rankings.values() for e in r if e.seeds_missed})
+    if missed:
+        lines.append(f"missed the target on some seed (counted at the budget): {', '.join(missed)}")
+    model = "drawn once per job" if per_job else "alternating inside a job"
+    where = "given" if shares is not None else "where static play falls furthest behind"
+    mix_text = " / ".join(f"{n} {bound.shares[n]:.2f}" for n in names)
+    best = ", ".join(f"{n} {bound.best_entries[n]}" for n in names)
+    lines.append(
+        f"h <= {bound.h:.3f}: conditions {model}, shares {mix_text} ({where}); best static "
+        f"entry there {bound.static_entry}; fastest per condition: {best}"
+    )
+    typer.echo("\n".join(lines))
+
+
 #: Config options ``commgym leaderboard`` applies to every scenario it runs.
 LEADERBOARD_OPTIONS: tuple[str, ...] = (
     "timesteps",
@@ -561,7 +638,10 @@ LEADERBOARD_OPTIONS: tuple[str, ...] = (
     "env.steps_per_decision",
     "env.time_budget_s",
     "env.max_decisions",
+    "env.network",
     "env.network_strict",
+    "env.stragglers",
+    "env.cross_traffic",
     "tracking_uri",
     *EXECUTOR_OPTIONS,
 )
@@ -603,7 +683,9 @@ def leaderboard_cmd(
 ) -> None:
     """Scenario x agent x seed on real ranks: time to target against what users would run.
 
-    The given config options apply to every scenario.
+    The given config options apply to every scenario: ``--network``, ``--stragglers`` or
+    ``--cross-traffic`` hold one condition fixed, the per-condition rankings that ``commgym
+    headroom-bound`` reads.
     """
     from commgym.experiments.leaderboard import run_leaderboard
 

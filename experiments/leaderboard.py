@@ -34,6 +34,7 @@ import numpy as np
 import yaml
 from rich.table import Table
 
+from commgym.agents.oracle import OracleEntry
 from commgym.agents.rollout import Episode
 from commgym.experiments.config import RunConfig, load_run_config
 from commgym.experiments.evaluation import (
@@ -61,6 +62,7 @@ __all__ = [
     "DEFAULT_SCENARIOS",
     "LeaderboardEntry",
     "read_leaderboard_csv",
+    "read_static_ranking",
     "run_leaderboard",
     "scenario_name",
 ]
@@ -556,6 +558,46 @@ def _static_ranking(agent: Any, scenario: str, out: Path) -> Path | None:
                 }
             )
     return path
+
+
+#: The columns of ``static-entries-<scenario>.csv`` whose cells are JSON.
+_STATIC_JSON_COLUMNS = ("times_to_target_s", "episodes")
+
+
+def read_static_ranking(path: str | Path) -> list[OracleEntry]:
+    """The ranking in a ``static-entries-<scenario>.csv`` written by the leaderboard.
+
+    Args:
+        path: the CSV (``oracle-static``'s ranking of every menu entry, best first).
+
+    Returns:
+        Its rows as :class:`~commgym.agents.oracle.OracleEntry`, in the file's order.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not such a CSV (a column missing, a cell that does not parse), or no row.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no static-entries CSV at {str(path)!r}")
+    need = ("config", "mean_time_to_target_s", "seeds_reached", "final_eval_loss")
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in (*need, *_STATIC_JSON_COLUMNS) if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(
+                f"{str(path)!r} is not oracle-static's static-entries CSV: no column {missing}"
+            )
+        try:
+            rows = [
+                OracleEntry.from_dict({**r, **{c: json.loads(r[c]) for c in _STATIC_JSON_COLUMNS}})
+                for r in reader
+            ]
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{str(path)!r}: a row does not parse ({err})") from err
+    if not rows:
+        raise ValueError(f"{str(path)!r} has no entry")
+    return rows
 
 
 def _adaptive_schedules(agent: Any, scenario: str, out: Path) -> Path | None:

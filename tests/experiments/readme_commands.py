@@ -134,6 +134,27 @@ HEADROOM = (
     "--seeds 1 --steps-per-decision 1 --time-budget-s 0.5 --max-decisions 1 --tuning-decisions 2"
 )
 
+#: A headroom board that loads the policy the flaky-link training command saved.
+LOADED_POLICY = Run(
+    HEADROOM,
+    shaped=True,
+    after=(
+        "commgym leaderboard --scenarios flaky-link --agents rollout-table --seeds 3 "
+        "--output-dir policies",
+    ),
+    expect=("rollout-table: loaded", "oracle-adaptive searched", "Adaptation:"),
+)
+
+#: One scenario's per-condition rankings, which ``commgym headroom-bound`` reads.
+PER_CONDITION_QUIET = (
+    "commgym leaderboard --scenarios busy-link --agents oracle-static --seeds 2 "
+    "--cross-traffic off --output-dir quiet"
+)
+PER_CONDITION_BUSY = (
+    "commgym leaderboard --scenarios busy-link --agents oracle-static --seeds 2 "
+    "--cross-traffic 4flows --output-dir busy"
+)
+
 #: The surrogate section's recording commands, whose files the later ones read.
 COLLECT = "commgym collect --decisions 400 --fit commgym-out/surrogate.joblib"
 HOLDOUT = "commgym collect --decisions 200 --seed 7 --no-bench --out commgym-out/holdout.csv"
@@ -174,17 +195,18 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     "policies": Run(HEADROOM, shaped=True, expect=("rollout-table: trained in",)),
     "commgym leaderboard --scenarios flaky-link --agents rollout-table,oracle-static,"
     "oracle-adaptive,autotune,autotune:progress,accordion,adacomm,bandit,bayesopt,"
-    "static:ddp-default,static:fp16-dense --seeds 3 --policy-dir policies": Run(
-        HEADROOM,
-        shaped=True,
-        after=(
-            "commgym leaderboard --scenarios flaky-link --agents rollout-table --seeds 3 "
-            "--output-dir policies",
-        ),
-        expect=("rollout-table: loaded", "oracle-adaptive searched", "Adaptation:"),
-    ),
+    "static:ddp-default,static:fp16-dense --seeds 3 --policy-dir policies": LOADED_POLICY,
+    "commgym leaderboard --scenarios flaky-link --agents rollout-table,oracle-static,"
+    "oracle-adaptive,autotune:progress --seeds 5 --policy-dir policies": LOADED_POLICY,
     "commgym leaderboard --scenarios busy-link --agents oracle-static,oracle-adaptive "
     "--seeds 3": Run(HEADROOM, shaped=True, expect=("oracle-adaptive searched", "Adaptation:")),
+    PER_CONDITION_QUIET: Run(HEADROOM, shaped=True, expect=("oracle-static (oracle)",)),
+    PER_CONDITION_BUSY: Run(HEADROOM, shaped=True, expect=("oracle-static (oracle)",)),
+    "commgym headroom-bound --conditions quiet=quiet/busy-link/static-entries-busy-link.csv,"
+    "busy=busy/busy-link/static-entries-busy-link.csv": Run(
+        after=(PER_CONDITION_QUIET, PER_CONDITION_BUSY),
+        expect=("conditions alternating inside a job", "fastest per condition: quiet"),
+    ),
     "commgym leaderboard --scenarios changing-link --agents oracle-static,oracle-adaptive "
     "--seeds 3": Run(HEADROOM, shaped=True, expect=("oracle-adaptive searched", "Adaptation:")),
     "commgym leaderboard --agents ppo --seeds 1 --output-dir policies": Run(BOARD),
@@ -212,6 +234,10 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         expect=("env steps/s",),
     ),
     "commgym": Mention("commgym train --help"),
+    "commgym headroom-bound": Mention(
+        "commgym headroom-bound --conditions quiet=quiet/busy-link/static-entries-busy-link.csv,"
+        "busy=busy/busy-link/static-entries-busy-link.csv"
+    ),
     "commgym replay": Mention(
         "commgym replay --policy commgym-out/policy.zip --workload mlp-digits --world-size 2 "
         "[--network 100mbit] [--target-loss 0.2]"

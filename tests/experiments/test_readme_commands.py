@@ -193,6 +193,10 @@ class Session:
         failed = [b for b in row.after if not self.succeeded(expand(b)[0])]
         ok, why = self.network
         if failed:
+            before = self.outcomes[expand(failed[0])[0]]
+            skipped = before.result() if before.done() else None
+            if isinstance(skipped, str):  # skipped here for a reason: so is what it feeds
+                return f"prerequisite {failed[0]!r} skipped: {skipped}"
             return RuntimeError(f"prerequisite {failed[0]!r} failed")
         if row.needs and importlib.util.find_spec(row.needs) is None:
             return f"needs the {row.needs} module (pip install 'commgym[{row.needs}]')"
