@@ -608,7 +608,7 @@ def headroom_bound_cmd(conditions: str, shares: str | None = None, per_job: bool
         bound = switching_bound(times, shares=mix, per_job=per_job)
     except (ValueError, FileNotFoundError) as err:
         fail(err)
-    entries = [e for e in times[names[0]] if all(e in times[n] for n in names)]
+    entries = bound.entries
     width = max(len(e) for e in entries)
     lines = ["time to target, s (oracle-static's mean over seeds; * fastest under the condition)"]
     lines.append(" ".join([f"{'entry':<{width}}", *(f"{n:>12}" for n in names)]))

@@ -208,6 +208,8 @@ class SwitchingBound:
             of the jobs) at which the bound is reached, or the shares given.
         static_entry: the fastest single entry at those shares.
         best_entries: condition -> its fastest entry.
+        entries: the menu entries measured under every condition (the ones the bound
+            compares), in the first condition's order.
         per_job: whether the conditions are drawn per job (else they alternate inside one).
     """
 
@@ -215,6 +217,7 @@ class SwitchingBound:
     shares: dict[str, float]
     static_entry: str
     best_entries: dict[str, str]
+    entries: tuple[str, ...]
     per_job: bool
 
 
@@ -327,5 +330,6 @@ def switching_bound(
         shares={c: float(x) for c, x in zip(conditions, p, strict=True)},
         static_entry=entries[k],
         best_entries={c: entries[int(np.argmin(t[i]))] for i, c in enumerate(conditions)},
+        entries=tuple(entries),
         per_job=per_job,
     )

@@ -40,6 +40,15 @@ def test_an_entry_best_everywhere_leaves_nothing():
         assert b.static_entry == "x"
 
 
+def test_an_entry_missing_under_a_condition_is_left_out():
+    # "w" was measured only under "a": the bound compares the entries common to both
+    times = {"a": {"w": 0.1, "x": 1.0, "y": 2.0}, "b": {"x": 2.0, "y": 1.0}}
+    b = switching_bound(times)
+    assert b.entries == ("x", "y")
+    assert b.best_entries == {"a": "x", "b": "y"}
+    assert b.h == pytest.approx(switching_bound(MIRROR).h, abs=1e-9)
+
+
 def _h(t: np.ndarray, p: np.ndarray, per_job: bool) -> float:
     if per_job:
         return 1 - float(p @ t.min(axis=1)) / float((p @ t).min())
