@@ -24,7 +24,10 @@ evaluation seeds), and what it found is distilled into a policy that needs no hi
    fast phase, because a dense decision that meets the slow link costs ~50x more). A
    reactive table cannot do this: it learns of a switch only from the probe at the end of
    the decision that met it. Conditions drawn once per episode have no timed run, so
-   nothing is anticipated there.
+   nothing is anticipated there; but the first decision, which no probe precedes, plays
+   the safe entry when training episodes opened under different conditions and the
+   entry that opened most of them risks more than twice the safe one (a dense decision
+   on a job that drew the slow link).
 
 One approximate policy-iteration step with a tabular policy over observed conditions:
 it adapts exactly as far as the conditions are observable and the winners consistent
@@ -178,7 +181,9 @@ class RolloutTableAgent(StepAgent):
         self.safe: str | None = None
         #: condition -> the entry played there
         self.table: dict[str, str] = {}
-        #: the entry of the first decision (the reset observation shows no condition)
+        #: the entry of the first decision (the reset observation shows no condition): the
+        #: one that opened most training schedules, or the safe entry where training
+        #: episodes opened under different conditions and that one is risky (``_risky``)
         self.first: str | None = None
         #: condition -> centre of its observed condition fields (standardised)
         self.centres: dict[str, list[float]] = {}
@@ -233,8 +238,10 @@ class RolloutTableAgent(StepAgent):
         self.cost_decisions = static.search_decisions + oracle.search_decisions
         wins: dict[str, Counter[str]] = {}
         firsts: Counter[str] = Counter()
+        opening: set[str] = set()
         for sched in oracle.schedules.values():
             firsts[sched.phases[0].entry] += 1
+            opening.add(sched.phases[0].condition)
             for phase in sched.phases:
                 wins.setdefault(phase.condition, Counter())[phase.entry] += 1
         order = [row.config for row in static.ranking]  # ties: the static ranking's order
@@ -243,6 +250,10 @@ class RolloutTableAgent(StepAgent):
         self.first = pick(firsts)
         self._fit_centres(features)
         self._fit_switches(timed, played)
+        if len(opening) > 1 and self._risky(self.first):
+            # the reset observation shows no condition, and training episodes opened under
+            # more than one: the first decision may meet any of them
+            self.first = self.safe
         self._cache_actions()
         return self
 
@@ -313,7 +324,16 @@ class RolloutTableAgent(StepAgent):
         cost = self.decision_s.get(entry, {}).get(cond)
         if dwell is None or cost is None or in_condition_s + cost < dwell:
             return False
-        # worth it only where the entry risks much more than the safe one would
+        return self._risky(entry)
+
+    def _risky(self, entry: str | None) -> bool:
+        """Whether ``entry``'s dearest decision exceeds the safe entry's by the risk ratio.
+
+        Playing the safe entry instead is worth it only then: a small excess is repaid by
+        the better entry's progress, a large one (a dense decision on a slow link) is not.
+        """
+        if not self.anticipate or entry is None or self.safe is None or entry == self.safe:
+            return False
         return self._dearest(entry) > _RISK_RATIO * self._dearest(self.safe)
 
     def _dearest(self, entry: str) -> float:

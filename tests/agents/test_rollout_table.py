@@ -81,12 +81,78 @@ def test_condition_runs_time_each_condition_from_short_decisions_only():
         make_agent("rollout-table", FlakyTableEnv(), resolution_s=0)
 
 
+class LotteryTableEnv(PhasedTableEnv):
+    """Each episode draws its link once (slow where ``seed % 3 == 2``), as ``link-lottery``.
+
+    Costs as :class:`FlakyTableEnv`: a dense or fp16 decision on the slow link takes 3 s
+    instead of 0.1 s and trains no more for it.
+    """
+
+    def __init__(self):
+        super().__init__(
+            bests=[DENSE, SAFE],
+            boundaries=[],
+            menu=MENU,
+            episode_len=400,
+            sharpness=2.0,
+            target_loss=TARGET,
+            time_budget_s=30.0,
+        )
+        self.slow = False
+
+    def phase(self, t: float) -> int:
+        return int(self.slow)
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.slow = seed % 3 == 2
+        return super().reset(seed=seed, options=options)
+
+    def decision_time_s(self, action) -> float:
+        return 3.0 if int(np.asarray(action)[0]) < 2 and self.slow else 0.1
+
+    def rate(self, action) -> float:
+        return super().rate(action) * 0.1 / self.decision_time_s(action)
+
+    def condition(self) -> str:
+        return "slow" if self.slow else "fast"
+
+    @property
+    def episode_phases(self):
+        return [(0.0, self.condition())]
+
+
+def test_a_blind_first_decision_plays_safe_where_episodes_draw_their_condition():
+    """The reset shows no link: the first decision must not be a dense one on a slow job."""
+    env = LotteryTableEnv()
+    # training seeds 10000-10002 draw fast, slow, fast: the dense entry opened most of them
+    agent = make_agent("rollout-table", env, seed=0, episodes=3).learn()
+    dense, safe = (str(env.menu.decode(np.asarray(a))) for a in (DENSE, SAFE))
+    assert agent.table == {"fast": dense, "slow": safe}
+    assert agent.safe == safe and agent.first == safe
+    reactive = make_agent("rollout-table", env, seed=0, episodes=3, anticipate=False).learn()
+    assert reactive.first == dense
+
+    slow_seed, fast_seed = 1001, 1000
+    ahead = rollout(env, agent, slow_seed, target_loss=TARGET)
+    late = rollout(env, reactive, slow_seed, target_loss=TARGET)
+    assert all(s.measured.train_time_s < 3.0 for s in ahead.steps)
+    assert late.steps[0].measured.train_time_s == pytest.approx(3.0)
+    assert {s.config for s in ahead.steps} == {safe}
+    assert ahead.time_to_target_s < late.time_to_target_s
+    fast = rollout(env, agent, fast_seed, target_loss=TARGET)
+    assert fast.steps[0].config == safe  # one cheap decision before the probe shows the link
+    assert {s.config for s in fast.steps[1:]} == {dense}
+
+
 def test_anticipates_the_switch_that_a_reactive_table_meets_with_its_dense_entry(tmp_path):
     env = FlakyTableEnv()
     agent = make_agent("rollout-table", env, seed=0, episodes=2).learn()
     dense, safe = (str(env.menu.decode(np.asarray(a))) for a in (DENSE, SAFE))
     assert agent.table == {"fast": dense, "slow": safe}
     assert agent.safe == safe
+    # every training episode opened on the fast link: the first decision is its entry
+    assert agent.first == dense
     # the fast phases last 1 s (0.9 s from the first decision's start to the last one's)
     assert 0.9 - 1e-9 <= agent.dwell_s["fast"] <= 1.1 and 0.3 <= agent.dwell_s["slow"] <= 0.6
     assert agent.decision_s[dense]["slow"] == pytest.approx(3.0)

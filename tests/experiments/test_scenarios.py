@@ -90,6 +90,6 @@ def test_link_lottery_seeds_draw_the_links_its_file_states():
         return str(plan.for_episode(episode_seed(seeding.np_random(seed)[0])).spec_at(0.0))
 
     train = training_seeds(cfg.seed, cfg.agent_kwargs["rollout-table"]["episodes"])
-    assert [link(s) for s in train] == ["10gbit", "10gbit", "10mbit", "10mbit"]
-    evaluation = [cfg.eval_seed + i for i in range(3)]
-    assert [link(s) for s in evaluation] == ["10mbit", "10gbit", "10mbit"]
+    assert [link(s) for s in train] == ["10gbit", "10gbit", "10mbit"]
+    evaluation = [cfg.eval_seed + i for i in range(6)]
+    assert [link(s) for s in evaluation] == ["10mbit", "10gbit", "10mbit"] + ["10gbit"] * 3
