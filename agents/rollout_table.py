@@ -52,7 +52,13 @@ from commgym.agents.oracle_adaptive import OracleAdaptiveAgent
 from commgym.env.measure import measurement_from_info
 from commgym.env.spaces import OBSERVATION_FIELDS
 
-__all__ = ["CONDITION_FIELDS", "RolloutTableAgent", "condition_runs", "training_seeds"]
+__all__ = [
+    "CONDITION_FIELDS",
+    "FIRST_TRAINING_SEED",
+    "RolloutTableAgent",
+    "condition_runs",
+    "training_seeds",
+]
 
 #: The observation fields a condition is recognised from.
 CONDITION_FIELDS = ("log10_probe_gbps", "log10_link_gbps", "straggler_ms")
@@ -60,6 +66,8 @@ _IDX = [[f.name for f in OBSERVATION_FIELDS].index(n) for n in CONDITION_FIELDS]
 _ELAPSED = [f.name for f in OBSERVATION_FIELDS].index("elapsed_frac")
 #: the safe entry replaces one only if that one's dearest decision is this many times dearer
 _RISK_RATIO = 2.0
+#: The lowest seed a learner trains on; every evaluation seed lies below it.
+FIRST_TRAINING_SEED = 10_000
 
 
 def condition_runs(
@@ -114,12 +122,13 @@ def condition_runs(
 
 
 def training_seeds(seed: int | None, n: int) -> list[int]:
-    """The episode seeds a learner searches: ``10_000 + 100 * seed + i`` (never 1000-1099).
+    """The episode seeds a learner searches: ``FIRST_TRAINING_SEED + 100 * seed + i``.
 
-    Evaluation seeds are ``eval_seed + i`` with ``eval_seed = 1000`` in every shipped
-    scenario, so training and evaluation episodes never coincide.
+    Evaluation seeds are ``eval_seed + i``, kept below :data:`FIRST_TRAINING_SEED` by
+    :class:`~commgym.experiments.config.RunConfig` (``eval_seed = 1000`` in every shipped
+    scenario), so training and evaluation episodes never coincide.
     """
-    return [10_000 + 100 * int(seed or 0) + i for i in range(n)]
+    return [FIRST_TRAINING_SEED + 100 * int(seed or 0) + i for i in range(n)]
 
 
 class RolloutTableAgent(StepAgent):

@@ -223,8 +223,8 @@ EXECUTOR_OPTIONS: tuple[str, ...] = ("executor", "ray_address", "ray_envs")
 
 #: Options ``commgym evaluate`` takes from the config (the others are its own).
 EVALUATE_OPTIONS: tuple[str, ...] = (
-    "baselines", "episodes", *ENV_OPTIONS, "tuning_decisions", "tracking_uri", "output_dir",
-    *EXECUTOR_OPTIONS,
+    "baselines", "episodes", "eval_seed", *ENV_OPTIONS, "tuning_decisions", "tracking_uri",
+    "output_dir", *EXECUTOR_OPTIONS,
 )  # fmt: skip
 
 
@@ -631,6 +631,7 @@ def headroom_bound_cmd(conditions: str, shares: str | None = None, per_job: bool
 
 #: Config options ``commgym leaderboard`` applies to every scenario it runs.
 LEADERBOARD_OPTIONS: tuple[str, ...] = (
+    "eval_seed",
     "timesteps",
     "surrogate_decisions",
     "fine_tune_episodes",

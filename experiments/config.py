@@ -46,7 +46,9 @@ class RunConfig:
             ``time_budget_s``, ``action_menu``, ...); resolved once into ``env_config``
             (an ``EnvConfig``, set by ``__post_init__``), which the real env is built from.
         episodes: evaluation episodes per agent (seeds ``eval_seed + i``).
-        eval_seed: first evaluation seed (shared by every compared agent).
+        eval_seed: first evaluation seed (shared by every compared agent); the seeds
+            ``eval_seed`` .. ``eval_seed + episodes - 1`` lie in ``[0, 10_000)``, below the
+            learners' training seeds (:data:`~commgym.agents.rollout_table.FIRST_TRAINING_SEED`).
         baselines: agents compared with the trained policy.
         tracking_uri: MLflow tracking URI (default: ``sqlite:///<cwd>/mlflow.db`` or
             ``MLFLOW_TRACKING_URI``).
@@ -138,7 +140,21 @@ class RunConfig:
             self.baselines = [b.strip() for b in self.baselines.split(",") if b.strip()]
         from commgym.agents import AGENTS
         from commgym.agents.baselines import resolve_preset
+        from commgym.agents.rollout_table import FIRST_TRAINING_SEED
         from commgym.env import EnvConfig
+
+        es = self.eval_seed
+        if (
+            isinstance(es, bool)
+            or not isinstance(es, int)
+            or es < 0
+            or es + self.episodes > FIRST_TRAINING_SEED
+        ):
+            raise ValueError(
+                f"eval_seed must be an integer >= 0 with eval_seed + episodes <= "
+                f"{FIRST_TRAINING_SEED} (learners train on the seeds from there), got "
+                f"eval_seed={es!r} with episodes={self.episodes}"
+            )
 
         self.agent_kwargs = keyed_agent_kwargs(self.agent_kwargs, self.agent)
         # resolved and validated once, here; the env is built from this very object
@@ -297,6 +313,11 @@ CLI_FIELDS: dict[str, CliField] = {
     "env.steps_per_decision": CliField("Training iterations per decision.", min=1),
     "env.time_budget_s": CliField("Training seconds per episode (truncates)."),
     "episodes": CliField("Evaluation seeds per agent.", min=1),
+    "eval_seed": CliField(
+        "First evaluation seed: every agent plays seeds eval-seed, eval-seed + 1, ... "
+        "(e.g. 1003 with 3 seeds adds three new seeds to a run on 1000-1002).",
+        min=0,
+    ),
     "baselines": CliField(
         "Comma-separated agents to compare, e.g. static:ddp-default,static:fp16-dense,"
         "bayesopt. Known: {agents}.",

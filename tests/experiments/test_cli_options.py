@@ -31,7 +31,7 @@ RELIED_ON = {
     "evaluate": {
         "--policy", "--baselines", "--episodes", "--config", "--workload", "--world-size",
         "--network", "--network-strict", "--drop-impairments", "--time-budget-s",
-        "--tuning-decisions", "--tracking-uri", "--output-dir",
+        "--tuning-decisions", "--tracking-uri", "--output-dir", "--eval-seed",
     },
     "replay": {
         "--policy", "--workload", "--world-size", "--network", "--network-strict",
@@ -45,7 +45,8 @@ RELIED_ON = {
         "--tracking-uri",
     },
     "leaderboard": {
-        "--scenarios", "--agents", "--seeds", "--policy-dir", "--output-dir", "--timesteps",
+        "--scenarios", "--agents", "--seeds", "--eval-seed", "--policy-dir", "--output-dir",
+        "--timesteps",
         "--surrogate-decisions", "--fine-tune-episodes", "--tuning-decisions",
         "--steps-per-decision", "--time-budget-s", "--max-decisions", "--drop-impairments",
         "--tracking-uri",

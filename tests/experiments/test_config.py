@@ -40,6 +40,10 @@ def test_precedence_yaml_then_cli(tmp_path):
         ({"timesteps": 0}, "timesteps"),
         ({"env": {"world_size": 0}}, "world_size"),
         ({"env": {"reward": "fast"}}, "unknown reward"),
+        ({"eval_seed": -1}, "eval_seed must be an integer >= 0"),
+        ({"eval_seed": "1000"}, "eval_seed must be an integer"),
+        # evaluation seeds 9999, 10000, 10001 would meet the learners' training seeds
+        ({"eval_seed": 9999, "episodes": 3}, "learners train on the seeds from there"),
     ],
 )
 def test_bad_config_is_refused(tmp_path, data, match):
@@ -47,6 +51,15 @@ def test_bad_config_is_refused(tmp_path, data, match):
     p.write_text(yaml.safe_dump(data))
     with pytest.raises(ValueError, match=match):
         load_run_config(p)
+
+
+def test_the_first_evaluation_seed_comes_from_the_command_line():
+    from commgym.agents.rollout_table import FIRST_TRAINING_SEED, training_seeds
+
+    cfg = load_run_config("link-lottery", {"eval_seed": 1003, "episodes": 3})
+    assert (cfg.eval_seed, cfg.episodes) == (1003, 3)
+    last = load_run_config(None, {"eval_seed": FIRST_TRAINING_SEED - 3, "episodes": 3})
+    assert last.eval_seed + last.episodes - 1 < min(training_seeds(0, 3))
 
 
 def test_missing_file_lists_shipped_scenarios():
