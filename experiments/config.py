@@ -48,7 +48,8 @@ class RunConfig:
         episodes: evaluation episodes per agent (seeds ``eval_seed + i``).
         eval_seed: first evaluation seed (shared by every compared agent); the seeds
             ``eval_seed`` .. ``eval_seed + episodes - 1`` lie in ``[0, 10_000)``, below the
-            learners' training seeds (:data:`~commgym.agents.rollout_table.FIRST_TRAINING_SEED`).
+            learners' training seeds (:data:`~commgym.agents.rollout_table.FIRST_TRAINING_SEED`),
+            and never include ``seed``.
         baselines: agents compared with the trained policy.
         tracking_uri: MLflow tracking URI (default: ``sqlite:///<cwd>/mlflow.db`` or
             ``MLFLOW_TRACKING_URI``).
@@ -154,6 +155,11 @@ class RunConfig:
                 f"eval_seed must be an integer >= 0 with eval_seed + episodes <= "
                 f"{FIRST_TRAINING_SEED} (learners train on the seeds from there), got "
                 f"eval_seed={es!r} with episodes={self.episodes}"
+            )
+        if isinstance(self.seed, int) and es <= self.seed < es + self.episodes:
+            raise ValueError(
+                f"the evaluation seeds {es}..{es + self.episodes - 1} include seed={self.seed}, "
+                "the seed of the agent's first training episode: move --eval-seed or --seed"
             )
 
         self.agent_kwargs = keyed_agent_kwargs(self.agent_kwargs, self.agent)

@@ -44,6 +44,7 @@ def test_precedence_yaml_then_cli(tmp_path):
         ({"eval_seed": "1000"}, "eval_seed must be an integer"),
         # evaluation seeds 9999, 10000, 10001 would meet the learners' training seeds
         ({"eval_seed": 9999, "episodes": 3}, "learners train on the seeds from there"),
+        ({"eval_seed": 0, "episodes": 2}, "include seed=0, the seed of the agent's first"),
     ],
 )
 def test_bad_config_is_refused(tmp_path, data, match):
