@@ -62,6 +62,7 @@ from commgym.experiments.cli_options import (
     own_options,
 )
 from commgym.experiments.config import CliField
+from commgym.experiments.records import record_option
 
 __all__ = [
     "COLLECT_OPTIONS",
@@ -98,6 +99,24 @@ def netem_cleanup() -> None:
     typer.echo(
         f"removed {len(removed)} leftover(s)" + (": " + ", ".join(removed) if removed else "")
     )
+
+
+results_app = typer.Typer(
+    help="Recorded runs (folders written by --record).", no_args_is_help=True
+)
+app.add_typer(results_app, name="results")
+
+
+@results_app.command("index")
+@own_options({"root": CliField("Records folder.", flag="--dir")})
+def results_index(root: str = "experiments/results") -> None:
+    """Write DIR/README.md: every record there, newest first, current or superseded."""
+    from commgym.experiments.records import read_records, write_index
+
+    if not Path(root).is_dir():
+        fail(f"--dir {root!r} is not a folder")
+    out = write_index(root)
+    typer.echo(f"wrote {out} ({len(read_records(root))} records)")
 
 
 def _check_writable_dir(path: str | os.PathLike[str], what: str) -> None:
@@ -234,7 +253,20 @@ _CONFIG = CliField(CONFIG_HELP)
 _POLICY = CliField("Policy file saved by `commgym train`, or static:<preset>.")
 
 
+def _output_dir(kwargs: dict[str, Any]) -> list[str]:
+    """The folder ``--record`` keeps files of: ``--output-dir``, else the scenario's."""
+    if "output_dir" in kwargs["overrides"]:
+        return [kwargs["overrides"]["output_dir"]]
+    from commgym.experiments.config import load_run_config
+
+    try:
+        return [load_run_config(kwargs.get("config") or "default").output_dir]
+    except (ValueError, FileNotFoundError):
+        return []
+
+
 @config_command(app, "train")  # every field of CLI_FIELDS
+@record_option(_output_dir)
 @own_options({"config": _CONFIG})
 def train_cmd(config: str | None = None, *, overrides: dict[str, Any]) -> None:
     """Train an agent on real all-reduce runs, save the policy, compare it with the baselines."""
@@ -254,6 +286,7 @@ def train_cmd(config: str | None = None, *, overrides: dict[str, Any]) -> None:
 
 
 @config_command(app, "evaluate", *EVALUATE_OPTIONS)
+@record_option(_output_dir)
 @own_options({"policy": _POLICY, "config": _CONFIG})
 def evaluate_cmd(policy: str, config: str | None = None, *, overrides: dict[str, Any]) -> None:
     """Compare a saved policy with baselines over the same seeds (mean and 95% interval)."""
@@ -669,6 +702,7 @@ LEADERBOARD_OWN_OPTIONS = {
 
 
 @config_command(app, "leaderboard", *LEADERBOARD_OPTIONS)
+@record_option(lambda kw: [kw["output_dir"]])
 @own_options(LEADERBOARD_OWN_OPTIONS)
 def leaderboard_cmd(
     scenarios: str = "default,slow-link,changing-link,mixed-links",

@@ -12,6 +12,7 @@ import typer
 
 from commgym.experiments.cli_options import RegistryHelpCommand, comma_list, fail, own_options
 from commgym.experiments.config import CLI_FIELDS, CliField
+from commgym.experiments.records import record_option
 
 __all__ = ["bench_app"]
 
@@ -41,6 +42,7 @@ SYNC_OPTIONS = {
 
 
 @bench_app.command("sync", cls=RegistryHelpCommand)
+@record_option()
 @own_options(SYNC_OPTIONS)
 def bench_sync(
     world_size: int = 2,
@@ -105,6 +107,7 @@ KERNELS_OPTIONS = {
 
 
 @bench_app.command("kernels")
+@record_option()
 @own_options(KERNELS_OPTIONS)
 def bench_kernels(
     sizes_mb: str = "auto",
@@ -137,6 +140,7 @@ ENV_BENCH_OPTIONS = {
 
 
 @bench_app.command("env", cls=RegistryHelpCommand)
+@record_option()
 @own_options(ENV_BENCH_OPTIONS)
 def bench_env(
     workload: str = "mlp-digits",
@@ -177,6 +181,7 @@ NETEM_OPTIONS = {
 
 
 @bench_app.command("netem")
+@record_option()
 @own_options(NETEM_OPTIONS)
 def bench_netem(
     profiles: str = "datacenter-25g,cloud-10g,ethernet-1g,wan-100m",
@@ -212,6 +217,7 @@ COLLECTIVES_OPTIONS = {
 
 
 @bench_app.command("collectives")
+@record_option()
 @own_options(COLLECTIVES_OPTIONS)
 def bench_collectives_cmd(
     world_size: int = 2,
@@ -236,6 +242,7 @@ SURROGATE_OPTIONS = {
 
 
 @bench_app.command("surrogate")
+@record_option()
 @own_options(SURROGATE_OPTIONS)
 def bench_surrogate_cmd(model: str, steps: int = 20000) -> None:
     """Env steps per second of commgym/Surrogate-v1 on one core."""
@@ -262,6 +269,7 @@ HOLDOUT_OPTIONS = {
 
 
 @bench_app.command("surrogate-holdout")
+@record_option()
 @own_options(HOLDOUT_OPTIONS)
 def bench_surrogate_holdout_cmd(
     data: str,
@@ -300,6 +308,7 @@ EXECUTOR_OPTIONS = {
 
 
 @bench_app.command("executor", cls=RegistryHelpCommand)
+@record_option()
 @own_options(EXECUTOR_OPTIONS)
 def bench_executor_cmd(
     config: str = "default",
