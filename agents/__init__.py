@@ -35,7 +35,7 @@ from commgym.agents.baselines import (
     StaticAgent,
 )
 from commgym.agents.bayesopt import BayesOptAgent
-from commgym.agents.oracle import OracleEntry, OracleStaticAgent
+from commgym.agents.oracle import BestStaticAgent, OracleEntry, OracleStaticAgent
 from commgym.agents.oracle_adaptive import OracleAdaptiveAgent, ScheduleAgent
 from commgym.agents.registry import AGENTS, agent_names, load_agent, make_agent
 from commgym.agents.rollout import Episode, EpisodeStep, rollout
@@ -51,6 +51,7 @@ __all__ = [
     "Agent",
     "AutotuneAgent",
     "BayesOptAgent",
+    "BestStaticAgent",
     "DQNAgent",
     "Episode",
     "EpisodeStep",

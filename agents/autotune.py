@@ -161,6 +161,8 @@ class AutotuneAgent(StepAgent):
         ValueError: invalid hyperparameters (the message gives the value).
     """
 
+    reads_probe = False
+
     name = "autotune"
     online = True  # tunes inside every episode; its search counts in the measured time
 

@@ -42,6 +42,8 @@ class SlidingWindowUCBAgent(StepAgent):
         ValueError: invalid ``window`` or ``exploration``.
     """
 
+    reads_probe = False
+
     name = "bandit"
 
     def __init__(

@@ -328,6 +328,12 @@ class Agent(ABC):
     #: Answers ``predict`` from an observation. False for bounds found per evaluation seed
     #: (``oracle-adaptive``): nothing to steer a job with, so ``CommScheduler`` refuses it.
     acts: ClassVar[bool] = True
+    #: Reads the observation's probe field (``log10_probe_gbps``). The rollout resets its
+    #: episodes with ``options={"probe": reads_probe}``, so a player that never reads it
+    #: (static entries, the oracles, heuristics keyed on loss or timing) does not pay for
+    #: the probe all-reduce: its time counts as training time. True unless a class
+    #: declares otherwise (a policy over the whole observation reads it).
+    reads_probe: ClassVar[bool] = True
 
     def __init__(self, env: gym.Env, *, seed: int | None = None, **hyperparams: Any) -> None:
         self.env = env

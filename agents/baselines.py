@@ -97,6 +97,8 @@ class StaticAgent(StepAgent):
             menu (e.g. 25 MiB buckets missing); the message names the menu.
     """
 
+    reads_probe = False
+
     name = "static"
 
     def __init__(
@@ -120,6 +122,8 @@ class RandomAgent(StepAgent):
     random policy has no best action); the generator state is saved, so a loaded agent
     continues the same sequence.
     """
+
+    reads_probe = False
 
     name = "random"
 
@@ -150,6 +154,8 @@ class GridAgent(StepAgent):
         decisions_per_arm: decisions spent on each entry (int >= 1).
         seed: unused.
     """
+
+    reads_probe = False
 
     name = "grid"
 
@@ -222,6 +228,8 @@ class AccordionAgent(StepAgent):
     Raises:
         ValueError: an index outside the menu or ``eta <= 0``.
     """
+
+    reads_probe = False
 
     name = "accordion"
     #: adapts inside every episode from what it observes; nothing to tune beforehand
@@ -299,6 +307,8 @@ class AdaCommAgent(StepAgent):
     Raises:
         ValueError: an index outside the menu or ``h0 < 1``.
     """
+
+    reads_probe = False
 
     name = "adacomm"
     #: adapts inside every episode from what it observes; nothing to tune beforehand

@@ -211,6 +211,8 @@ class BayesOptAgent(StepAgent):
         ValueError: invalid hyperparameters (the message gives the value).
     """
 
+    reads_probe = False
+
     name = "bayesopt"
 
     def __init__(

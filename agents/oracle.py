@@ -17,7 +17,7 @@ from commgym.agents.baselines import StaticAgent
 from commgym.agents.rollout import Episode, finite_or_none, nan_if_none, rollout
 from commgym.collectives import CommConfig
 
-__all__ = ["DEFAULT_SEEDS", "OracleEntry", "OracleStaticAgent", "check_seeds"]
+__all__ = ["DEFAULT_SEEDS", "BestStaticAgent", "OracleEntry", "OracleStaticAgent", "check_seeds"]
 
 #: Evaluation seeds searched when none are given.
 DEFAULT_SEEDS: tuple[int, ...] = (1000, 1001, 1002)
@@ -172,6 +172,8 @@ class OracleStaticAgent(StepAgent):
     Raises:
         ValueError: empty or duplicated ``seeds``/``entries``, an entry not on the menu.
     """
+
+    reads_probe = False
 
     name = "oracle-static"
     oracle = True
@@ -398,3 +400,53 @@ class OracleStaticAgent(StepAgent):
         self.search_decisions = int(state["search_decisions"])
         self.search_train_time_s = float(state["search_train_time_s"])
         self._best = self.menu.encode(self._entry_config(self.ranking[0].config))
+
+
+class BestStaticAgent(OracleStaticAgent):
+    """The best static entry found on *training* seeds: what a user who tuned once deploys.
+
+    ``oracle-static``'s search (every menu entry for full episodes, ranked by
+    :meth:`OracleEntry.rank_key`) run on episodes the evaluation never plays: the
+    learners' training seeds (:func:`~commgym.agents.rollout_table.training_seeds` of
+    ``seed``). Unlike ``oracle-static`` it has not seen the evaluation seeds, so it is a
+    baseline (a one-shot grid search over static configurations), its search counted as
+    its tuning cost; on a scenario whose conditions are drawn per episode it picks what
+    was best on the draws it tuned on.
+
+    Args:
+        env: commgym env (as :class:`OracleStaticAgent`).
+        seed: the seed the training seeds derive from (>= 0; default 0).
+        episodes: training seeds searched (>= 1) when ``seeds`` is not given.
+        seeds: explicit search seeds (instead of the training seeds).
+        entries: menu entries to search (default: the whole menu).
+
+    Raises:
+        ValueError: as :class:`OracleStaticAgent`; ``episodes`` < 1; a negative ``seed``.
+    """
+
+    name = "best-static"
+    oracle = False
+
+    def __init__(
+        self,
+        env: gym.Env,
+        *,
+        seed: int | None = None,
+        episodes: int = 3,
+        seeds: Sequence[int] | None = None,
+        entries: Sequence[str] | None = None,
+    ) -> None:
+        from commgym.agents.rollout_table import training_seeds  # it imports this module
+
+        if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+            raise ValueError(f"episodes must be an integer >= 1, got {episodes!r}")
+        if seeds is None:
+            seeds = training_seeds(seed, episodes)
+        super().__init__(env, seed=seed, seeds=seeds, entries=entries)
+        self._hyperparams["episodes"] = episodes
+
+    @property
+    def display_name(self) -> str:
+        """``best-static[<best entry>]``: tuned on training seeds, not an oracle."""
+        best = self.best_config
+        return f"{self.name}[{best}]" if best is not None else self.name

@@ -31,7 +31,13 @@ drew and each group gets the entry with the best mean time to target over its se
 Selection in hindsight favours whichever candidate had a lucky run, so neither oracle's
 search times are reported: like ``oracle-static``'s best entry, each seed's schedule is
 run again for the evaluation (:meth:`OracleAdaptiveAgent.for_seed`), and that fresh run is
-what tables compare.
+what tables compare. A re-run can train slower than its search and still be short of the
+target when the searched phases end: from there it plays, phase by phase, the entry chosen
+for the condition in force (:meth:`OracleAdaptiveAgent.full_schedule`), never its last
+entry into a condition it was not chosen for. The contextual oracle's per-condition entries
+are re-run the same way as ``oracle-static``'s: the evaluation re-runs every entry near-tied
+in the search and keeps the best re-run per condition
+(:mod:`commgym.experiments.evaluation`).
 """
 
 from __future__ import annotations
@@ -101,12 +107,17 @@ class SeedSchedule:
         phases: the entries by phase, in time order.
         search: the search's own path (its phases' winning segments joined): what the
             search measured, optimistic by selection; evaluations re-run the schedule.
+        conditions: every phase of the seed's episode over the whole budget,
+            ``(start_s, condition)`` (the env's ``episode_phases``): a re-run slower than
+            its search goes on past the phases the search needed, and plays by condition
+            there (:meth:`OracleAdaptiveAgent.full_schedule`).
     """
 
     seed: int
     mode: str
     phases: tuple[PhaseChoice, ...]
     search: Episode | None = None
+    conditions: tuple[tuple[float, str], ...] = ()
 
     @property
     def schedule(self) -> list[tuple[float, str]]:
@@ -120,14 +131,16 @@ class SeedSchedule:
             "mode": self.mode,
             "phases": [p.to_dict() for p in self.phases],
             "search": None if self.search is None else self.search.to_dict(),
+            "conditions": [list(c) for c in self.conditions],
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SeedSchedule:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict` (files without ``conditions`` read as before)."""
         search = None if d.get("search") is None else Episode.from_dict(d["search"])
         phases = tuple(PhaseChoice.from_dict(p) for p in d["phases"])
-        return cls(int(d["seed"]), str(d["mode"]), phases, search)
+        conditions = tuple((float(t), str(c)) for t, c in d.get("conditions", ()))
+        return cls(int(d["seed"]), str(d["mode"]), phases, search, conditions)
 
 
 class ScheduleAgent(StepAgent):
@@ -148,6 +161,8 @@ class ScheduleAgent(StepAgent):
             not on the menu.
         TypeError: the env has no ``config.time_budget_s``.
     """
+
+    reads_probe = False
 
     name = "schedule"
 
@@ -201,6 +216,8 @@ class OracleAdaptiveAgent(StepAgent):
     Raises:
         ValueError: bad ``seeds``/``entries``; ``static`` over other seeds.
     """
+
+    reads_probe = False
 
     name = "oracle-adaptive"
     oracle = True
@@ -295,7 +312,7 @@ class OracleAdaptiveAgent(StepAgent):
         t0 = time.perf_counter()
         labels = {}
         for s in self.seeds:
-            env.reset(seed=s)
+            env.reset(seed=s, options={"probe": False})
             labels[s] = env.unwrapped.episode_phases
         phased = [s for s in self.seeds if len(labels[s]) > 1]
         progress = (
@@ -358,7 +375,8 @@ class OracleAdaptiveAgent(StepAgent):
         base = StaticAgent(env, preset=self.base)
         candidates = [self.base] + [e for e in self.entries if e != self.base]
         agents = {e: StaticAgent(env, preset=e) for e in candidates}
-        obs, info = env.reset(seed=seed)
+        # probe-free, as the static entries it extends and its schedule's re-run
+        obs, info = env.reset(seed=seed, options={"probe": False})
         phases = core.episode_phases
         choices: list[PhaseChoice] = []
         segments: list[Episode] = []
@@ -413,7 +431,7 @@ class OracleAdaptiveAgent(StepAgent):
             obs = core.restore(snap)
             info = seg.final_info or info
             core.drop_snapshots()  # the phase is decided: its forks are no longer needed
-        return SeedSchedule(seed, "phases", tuple(choices), _join(seed, segments))
+        return SeedSchedule(seed, "phases", tuple(choices), _join(seed, segments), tuple(phases))
 
     def _score(
         self,
@@ -455,13 +473,52 @@ class OracleAdaptiveAgent(StepAgent):
         Raises:
             KeyError: ``seed`` is not one of the searched seeds.
         """
+        return ScheduleAgent(self._require_env(), self.full_schedule(seed))
+
+    def full_schedule(self, seed: int) -> list[tuple[float, str]]:
+        """``seed``'s schedule over the whole budget, as its re-run plays it.
+
+        The searched phases' entries, then, from the first phase the search did not
+        need (it reached the target before), the entry chosen last for that phase's
+        condition (the base entry for a condition the search never met): a re-run that
+        trains slower than its search switches with the link in force instead of running
+        its last entry into a phase it was never chosen for.
+
+        Raises:
+            KeyError: ``seed`` is not one of the searched seeds.
+        """
         if int(seed) not in self.schedules:
             raise KeyError(
                 f"oracle-adaptive has no schedule for seed {seed}; searched: "
                 f"{sorted(self.schedules) or 'none yet (call learn())'}"
             )
         sched = self.schedules[int(seed)]
-        return ScheduleAgent(self._require_env(), sched.schedule)
+        out = list(sched.schedule)
+        last = sched.phases[-1].start_s
+        by_condition = {p.condition: p.entry for p in sched.phases}  # the latest per condition
+        for start_s, condition in sched.conditions:
+            if start_s > last:
+                out.append((start_s, by_condition.get(condition, self.base)))
+        return out
+
+    def contextual_groups(self) -> dict[str, list[int]]:
+        """Condition -> the seeds whose episode drew it (the contextual seeds only)."""
+        groups: dict[str, list[int]] = {}
+        for s in self.seeds:
+            sched = self.schedules.get(s)
+            if sched is not None and sched.mode == "context":
+                groups.setdefault(sched.phases[0].condition, []).append(s)
+        return groups
+
+    def searched_until_s(self, seed: int) -> float:
+        """Training time where ``seed``'s searched phases end (``inf``: they cover it all).
+
+        A re-run that has not reached the target by then plays past its search.
+        """
+        sched = self.schedules[int(seed)]
+        last = sched.phases[-1].start_s
+        later = [t for t, _ in sched.conditions if t > last]
+        return min(later) if later else math.inf
 
     def _act(self, obs: np.ndarray, state: Any, deterministic: bool) -> tuple[np.ndarray, Any]:
         raise RuntimeError(

@@ -20,7 +20,7 @@ from commgym.agents.baselines import (
     StaticAgent,
 )
 from commgym.agents.bayesopt import BayesOptAgent
-from commgym.agents.oracle import OracleStaticAgent
+from commgym.agents.oracle import BestStaticAgent, OracleStaticAgent
 from commgym.agents.oracle_adaptive import OracleAdaptiveAgent
 from commgym.agents.rollout_table import RolloutTableAgent
 from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent
@@ -37,6 +37,7 @@ AGENTS: dict[str, type[Agent]] = {
         BayesOptAgent,
         AutotuneAgent,
         OracleStaticAgent,
+        BestStaticAgent,
         OracleAdaptiveAgent,
         RolloutTableAgent,
         SlidingWindowUCBAgent,

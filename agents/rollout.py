@@ -208,7 +208,8 @@ def rollout(
         env: a commgym env (``info`` as :func:`~commgym.env.measure.decision_info`
             builds it), possibly wrapped.
         agent: anything with the ``Agent.predict`` signature.
-        seed: ``env.reset(seed=seed)`` (ignored with ``start``).
+        seed: ``env.reset(seed=seed, options={"probe": agent.reads_probe})`` (ignored
+            with ``start``; an agent without ``reads_probe`` counts as reading it).
         target_loss: held-out loss whose first crossing defines the time to target.
         deterministic: passed to ``predict``.
         start: ``(obs, info)`` to continue from without a reset (a reset's or a step's
@@ -221,7 +222,9 @@ def rollout(
     Returns:
         The :class:`Episode`.
     """
-    obs, info = env.reset(seed=seed) if start is None else start
+    # a player that never reads the probe runs none (its time would count as training)
+    probe = bool(getattr(agent, "reads_probe", True))
+    obs, info = env.reset(seed=seed, options={"probe": probe}) if start is None else start
     loss, acc = _initial_losses(info)
     state: Any = None
     episode_start = np.array([True])

@@ -127,7 +127,16 @@ def training_seeds(seed: int | None, n: int) -> list[int]:
     Evaluation seeds are ``eval_seed + i``, kept below :data:`FIRST_TRAINING_SEED` by
     :class:`~commgym.experiments.config.RunConfig` (``eval_seed = 1000`` in every shipped
     scenario), so training and evaluation episodes never coincide.
+
+    Raises:
+        ValueError: a negative ``seed`` (its seeds would fall below
+            :data:`FIRST_TRAINING_SEED`, onto the evaluation seeds).
     """
+    if seed is not None and int(seed) < 0:
+        raise ValueError(
+            f"seed must be >= 0: training seeds {FIRST_TRAINING_SEED} + 100 x seed would "
+            f"reach the evaluation seeds below {FIRST_TRAINING_SEED}, got seed={seed!r}"
+        )
     return [FIRST_TRAINING_SEED + 100 * int(seed or 0) + i for i in range(n)]
 
 

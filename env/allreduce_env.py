@@ -18,7 +18,13 @@ from commgym.env.measure import DecisionMeasurement, combine_eval, decision_info
 from commgym.env.net.cross_traffic import CrossTraffic, CrossTrafficSpec
 from commgym.env.net.plan import NetworkPlan
 from commgym.env.schedule import episode_seed as draw_episode_seed
-from commgym.env.spaces import REWARDS, ActionMenu, ObservationBuilder, decision_outcome
+from commgym.env.spaces import (
+    REWARDS,
+    ActionMenu,
+    ObservationBuilder,
+    decision_outcome,
+    reset_probe_option,
+)
 
 __all__ = ["RESET_TIMEOUT_S", "AllReduceEnv", "EnvConfig", "FlattenAction"]
 
@@ -77,7 +83,13 @@ class EnvConfig:
         probe_bytes: size of a probe all-reduce every rank runs at the end of each decision
             (B; 0: none). Its time, counted as training time, gives the observation's
             ``log10_probe_gbps``: the link as measured independently of the configuration
-            the decision ran.
+            the decision ran. Only players that read it run it: the rollout resets an
+            episode with ``options={"probe": agent.reads_probe}``, so static entries,
+            the oracles' re-runs and baselines that ignore the field pay nothing for an
+            observation they never make (``reset`` without that option: probe on).
+        probe_for_all: run the probe at every decision whatever the player (the option
+            ``probe=False`` is ignored): how figures were measured before static players
+            became probe-free, kept for comparisons with them.
         privileged_obs: reveal the configured conditions in the observation
             (``log10_link_gbps``, ``straggler_ms``): an ablation that tells an observability
             problem from a learning one, not something a real job knows.
@@ -110,6 +122,7 @@ class EnvConfig:
     stragglers: str | list[Any] | dict[str, Any] | None = None
     cross_traffic: str | list[Any] | dict[str, Any] | None = None
     probe_bytes: int = 0
+    probe_for_all: bool = False
     privileged_obs: bool = False
     menu: ActionMenu = field(init=False, repr=False)
     network_plan: NetworkPlan = field(init=False, repr=False, default_factory=NetworkPlan)
@@ -133,8 +146,9 @@ class EnvConfig:
             raise ValueError(
                 f"probe_bytes must be an integer in [0, 2**30], got {self.probe_bytes!r}"
             )
-        if not isinstance(self.privileged_obs, bool):
-            raise ValueError(f"privileged_obs must be True or False, got {self.privileged_obs!r}")
+        for name in ("privileged_obs", "probe_for_all"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("time_budget_s", "timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
@@ -259,7 +273,10 @@ class AllReduceEnv(gym.Env):
     ``log10_probe_gbps`` is measured independently of the configuration just played: with
     ``probe_bytes > 0`` every rank all-reduces a buffer of that size at the end of each
     decision (its time counts as training time) and the field is the bus bandwidth
-    ``bytes * 2(W-1)/W * 8 / t`` of the fastest rank's time (0 without a probe). Indices
+    ``bytes * 2(W-1)/W * 8 / t`` of the fastest rank's time (0 without a probe). An
+    episode reset with ``options={"probe": False}`` (the rollout's, for a player whose
+    ``reads_probe`` is False: static entries, the oracles, heuristics that never read the
+    field) runs no probe and reads 0 there, unless ``probe_for_all``. Indices
     18-19 reveal the configured conditions only with ``privileged_obs=True`` (an ablation;
     an unshaped link counts as 100 Gbit/s), else they are 0.
 
@@ -300,7 +317,9 @@ class AllReduceEnv(gym.Env):
     optimizer state stays rank-local until a switch to ``sync_period = 1`` averages it, as
     local SGD does (v0 averaged it uncompressed at every boundary, which cost more than the
     compressed average it followed); new options ``shards``, ``stragglers``,
-    ``probe_bytes``, ``privileged_obs``; forking (:meth:`snapshot`/:meth:`restore`).
+    ``probe_bytes``, ``privileged_obs``; forking (:meth:`snapshot`/:meth:`restore`); the
+    reset option ``probe`` (players that do not read the probe do not run it;
+    ``probe_for_all`` restores the earlier charge to every player).
 
     Args:
         config: an :class:`EnvConfig`; or pass its fields as keyword arguments.
@@ -371,6 +390,8 @@ class AllReduceEnv(gym.Env):
         self._schedule: Any = None  # this episode's network schedule (shifted per seed)
         self._needs_reset = True
         self._env_snapshots: dict[str, dict[str, Any]] = {}
+        # the probe buffer of the running episode's decisions, B (0: its player reads none)
+        self._probe_bytes = self.config.probe_bytes
         self.last_reset_s = float("nan")
         self.launches = 0
 
@@ -415,12 +436,15 @@ class AllReduceEnv(gym.Env):
 
     # -- gymnasium API ---------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # noqa: D102
+        probe = reset_probe_option(options)
         super().reset(seed=seed)
         cfg = self.config
         if seed is None and not hasattr(self, "_seeded"):
             # first reset without a seed: derive the stream from config.seed
             super().reset(seed=cfg.seed)
         self._seeded = True
+        # a player that never reads the probe does not pay for it (unless probe_for_all)
+        self._probe_bytes = cfg.probe_bytes if (probe or cfg.probe_for_all) else 0
         episode_seed = draw_episode_seed(self.np_random)
         # this episode's link, resolved once: it builds the network or is applied to it
         self._schedule = cfg.network_plan.for_episode(episode_seed)
@@ -502,8 +526,8 @@ class AllReduceEnv(gym.Env):
             # only what this decision needs (the worker's defaults: no jitter, no probe)
             if straggler.active:
                 msg["straggler"] = straggler.to_message()
-            if cfg.probe_bytes:
-                msg["probe_bytes"] = cfg.probe_bytes
+            if self._probe_bytes:
+                msg["probe_bytes"] = self._probe_bytes
             replies = self._cluster.command(msg)  # type: ignore[union-attr]
         except CommgymError as err:
             if self._cluster is not None:

@@ -31,6 +31,7 @@ __all__ = [
     "RewardContext",
     "decision_outcome",
     "probe_gbps",
+    "reset_probe_option",
 ]
 
 
@@ -269,6 +270,33 @@ def probe_gbps(probe_bytes: float, probe_s: float, world_size: int) -> float:
     if probe_s <= 0 or probe_bytes <= 0 or world_size < 2:
         return 0.0
     return probe_bytes * 2 * (world_size - 1) / world_size * 8 / probe_s / 1e9
+
+
+def reset_probe_option(options: Mapping[str, Any] | None) -> bool:
+    """Whether an episode's player reads the probe: ``env.reset``'s ``options["probe"]``.
+
+    The rollout resets every episode with ``{"probe": agent.reads_probe}``; a player that
+    never reads ``log10_probe_gbps`` then runs no probe all-reduce (its time would count as
+    training time for an observation it never makes). Other options are left to the env,
+    as Gymnasium's envs do.
+
+    Args:
+        options: ``env.reset``'s options (``None``: probe on, as configured).
+
+    Returns:
+        ``True`` unless ``options["probe"]`` is ``False``.
+
+    Raises:
+        ValueError: ``options`` is not a mapping, or ``options["probe"]`` is not a bool.
+    """
+    if options is None:
+        return True
+    if not isinstance(options, Mapping):
+        raise ValueError(f"reset options must be a mapping or None, got {options!r}")
+    probe = options.get("probe", True)
+    if not isinstance(probe, bool | np.bool_):
+        raise ValueError(f"reset option 'probe' must be True or False, got {probe!r}")
+    return bool(probe)
 
 
 class ObservationBuilder:

@@ -242,8 +242,8 @@ EXECUTOR_OPTIONS: tuple[str, ...] = ("executor", "ray_address", "ray_envs")
 
 #: Options ``commgym evaluate`` takes from the config (the others are its own).
 EVALUATE_OPTIONS: tuple[str, ...] = (
-    "baselines", "episodes", "eval_seed", *ENV_OPTIONS, "tuning_decisions", "tracking_uri",
-    "output_dir", *EXECUTOR_OPTIONS,
+    "baselines", "episodes", "eval_seed", *ENV_OPTIONS, "env.probe_for_all",
+    "tuning_decisions", "tracking_uri", "output_dir", *EXECUTOR_OPTIONS,
 )  # fmt: skip
 
 
@@ -676,6 +676,7 @@ LEADERBOARD_OPTIONS: tuple[str, ...] = (
     "env.network_strict",
     "env.stragglers",
     "env.cross_traffic",
+    "env.probe_for_all",
     "tracking_uri",
     *EXECUTOR_OPTIONS,
 )

@@ -144,6 +144,11 @@ class RunConfig:
         from commgym.agents.rollout_table import FIRST_TRAINING_SEED
         from commgym.env import EnvConfig
 
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(
+                f"seed must be an integer >= 0 (learners train on seeds derived from it, "
+                f"above the evaluation seeds), got {self.seed!r}"
+            )
         es = self.eval_seed
         if (
             isinstance(es, bool)
@@ -315,7 +320,7 @@ CLI_FIELDS: dict[str, CliField] = {
         flag="--network-strict/--drop-impairments",
         show_default=False,
     ),
-    "seed": CliField("Agent and episode seed."),
+    "seed": CliField("Agent and episode seed (>= 0).", min=0),
     "env.steps_per_decision": CliField("Training iterations per decision.", min=1),
     "env.time_budget_s": CliField("Training seconds per episode (truncates)."),
     "episodes": CliField("Evaluation seeds per agent.", min=1),
@@ -369,6 +374,13 @@ CLI_FIELDS: dict[str, CliField] = {
         "Bytes of a probe all-reduce at the end of every decision, timed for the "
         "observation's link estimate (its time counts as training; 0: none).",
         min=0,
+    ),
+    "env.probe_for_all": CliField(
+        "Run the probe at every decision of every player, as figures were measured before "
+        "static players and the oracles became probe-free (default: only players that "
+        "read the probe run it).",
+        flag="--probe-for-all/--probe-readers-only",
+        show_default=False,
     ),
     "env.privileged_obs": CliField(
         "Reveal the configured link rate and straggler jitter in the observation (an "

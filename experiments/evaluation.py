@@ -26,6 +26,7 @@ from rich.table import Table
 from commgym.agents.rollout import Episode, rollout
 from commgym.experiments.config import RunConfig
 from commgym.experiments.progress import console, phase
+from commgym.experiments.reruns import Rerun, rerun_lines
 from commgym.experiments.session import announce, make_env, parent_params, slug, start_ranks
 
 __all__ = [
@@ -210,7 +211,8 @@ def _log_episode(run: Any, wrapped: Any, res: Episode, csv: Path) -> None:
 def _compare_on_ray(
     cfg: RunConfig,
     env: gym.Env,
-    agents: dict[str, Any],
+    players: dict[str, Any],
+    cells: list[tuple[str, int]],
     tracker: Any,
     parent_id: str | None,
     out: Path,
@@ -218,8 +220,8 @@ def _compare_on_ray(
     executor: Any,
     adv: Callable[[float], None],
     by_time: bool,
-) -> dict[str, list[Episode]]:
-    """:func:`compare`'s episodes as parallel cells on env actors, logged here in order.
+) -> dict[tuple[str, int], Episode]:
+    """:func:`compare`'s ``(player, seed)`` cells in parallel on env actors, logged here in order.
 
     Each cell sends back its steps; they go through the same
     :class:`~commgym.experiments.tracking.TrackingWrapper` as a local episode's, so the
@@ -231,28 +233,27 @@ def _compare_on_ray(
     from commgym.experiments.executor import policy_bytes
     from commgym.experiments.tracking import TrackingWrapper
 
-    policies = {name: policy_bytes(agent) for name, agent in agents.items()}
-    cells = [(name, cfg.eval_seed + i) for name in agents for i in range(cfg.episodes)]
-    results: dict[str, list[Episode]] = {name: [] for name in agents}
+    policies = {name: policy_bytes(players[name]) for name in dict.fromkeys(n for n, _ in cells)}
+    played: dict[tuple[str, int], Episode] = {}
     nodes: Counter[str] = Counter()
     target = cfg.env.get("target_loss")
-    for i, played in executor.episodes(cfg.env_config, cells, policies, target):
+    for i, done in executor.episodes(cfg.env_config, cells, policies, target):
         name, seed = cells[i]
-        res = played.episode
-        tags = {"commgym.ray_node": played.node_id, "commgym.ray_actor": played.actor}
+        res = done.episode
+        tags = {"commgym.ray_node": done.node_id, "commgym.ray_actor": done.actor}
         with _child_run(tracker, parent_id, scenario, name, seed, tags) as run:
             wrapped = TrackingWrapper(env, run)
-            for action, reward, terminated, truncated, info in played.transitions:
+            for action, reward, terminated, truncated, info in done.transitions:
                 wrapped.record(action, reward, terminated, truncated, info)
-            if not played.transitions:  # the actor died: the failure is the only step
+            if not done.transitions:  # the actor died: the failure is the only step
                 wrapped.record(None, 0.0, True, False, dict(res.final_info or {}))
             _log_episode(run, wrapped, res, out / f"decisions-{slug(name)}-seed{seed}.csv")
-        results[name].append(res)
-        nodes[played.node_id] += 1
+        played[(name, seed)] = res
+        nodes[done.node_id] += 1
         adv(float(cfg.env["time_budget_s"]) if by_time else 1.0)
     where = ", ".join(f"{node[:12]} x{n}" for node, n in sorted(nodes.items()))
     console.print(f"{len(cells)} episodes ran on {len(nodes)} Ray node(s): {where}")
-    return results
+    return played
 
 
 def compare(
@@ -264,57 +265,75 @@ def compare(
     out: Path,
     scenario: str | None = None,
     executor: Any = None,
-) -> tuple[dict[str, list[Episode]], list[Path]]:
-    """Every agent on the same seeds on real ranks; returns the episodes and the figures.
+) -> tuple[dict[str, list[Episode]], list[Path], list[Rerun]]:
+    """Every agent on the same seeds on real ranks; returns the episodes, figures and re-runs.
 
-    Each agent plays ``cfg.episodes`` episodes (seeds ``cfg.eval_seed + i``), each an MLflow
-    child run of ``parent_id`` with its ``decisions-<agent>-seed<s>.csv``; then the
+    Each agent plays ``cfg.episodes`` episodes (seeds ``cfg.eval_seed + i``), **seed-major**:
+    every agent on seed ``s`` before any on ``s + 1``, so drift of the machine over the
+    evaluation lands on every agent alike and pairing by seed cancels it. Each episode is an
+    MLflow child run of ``parent_id`` with its ``decisions-<agent>-seed<s>.csv``; then the
     timelines, ``comparison.png`` and ``loss-curves.png`` are drawn into ``out``.
     ``scenario`` (a leaderboard's scenario name) prefixes the child runs' names and is
-    logged as their ``scenario`` parameter. With a
-    :class:`~commgym.experiments.executor.RayExecutor` the (agent, seed) episodes run in
-    parallel on its env actors and are logged here, in the same order.
+    logged as their ``scenario`` parameter.
+
+    The oracles are re-run, not trusted from their search (:mod:`commgym.experiments.reruns`):
+    every entry near-tied in ``oracle-static``'s search (and per condition in the
+    contextual oracle's) plays the seeds among the agents, and the oracle's episodes are the
+    best re-run's; the report rows come back as the third value. ``oracle-adaptive``'s phase
+    schedules are re-run by the oracle itself
+    (:meth:`~commgym.agents.OracleAdaptiveAgent.for_seed`).
+
+    With a :class:`~commgym.experiments.executor.RayExecutor` the ``(player, seed)`` cells
+    run in parallel on its env actors (submitted seed-major) and are logged here; a
+    schedule found per seed in hindsight runs here.
     """
     from commgym.experiments.plots import (
         action_timeline_plot,
         comparison_plot,
         loss_curves_plot,
     )
+    from commgym.experiments.reruns import RerunPlan
     from commgym.experiments.tracking import TrackingWrapper
 
     target = cfg.env.get("target_loss")
     network = cfg.env_config.network_plan.label()
-    results: dict[str, list[Episode]] = {}
+    seeds = [cfg.eval_seed + i for i in range(cfg.episodes)]
+    plan = RerunPlan(agents, seeds, float(cfg.env_config.time_budget_s))
+    players = {**agents, **plan.players(env)}
+    cells = [(n, s) for s in seeds for n in players if (n, s) not in plan.skip]
+    played: dict[tuple[str, int], Episode] = {}
     figures: list[Path] = []
-    runs = len(agents) * cfg.episodes
-    with _evaluation_phase(cfg, runs, f"evaluating {len(agents)} agents on real ranks") as adv:
+    with _evaluation_phase(
+        cfg, len(cells), f"evaluating {len(agents)} agents on real ranks"
+    ) as adv:
         by_time = float(cfg.env.get("time_budget_s", 0) or 0) > 0
         # a bound in hindsight plays each seed's own schedule (a ScheduleAgent, not a policy
         # file an actor could load): its episodes run here, the others on the actors
-        local = {n: a for n, a in agents.items() if hasattr(a, "for_seed") or executor is None}
+        here = [c for c in cells if executor is None or hasattr(players[c[0]], "for_seed")]
         if executor is not None:
-            remote = {n: a for n, a in agents.items() if n not in local}
-            results = _compare_on_ray(
-                cfg, env, remote, tracker, parent_id, out, scenario, executor, adv, by_time
-            )
-        for name, agent in local.items():
-            results[name] = []
-            for i in range(cfg.episodes):
-                seed = cfg.eval_seed + i
-                clock = TrainingClock(adv)
-                with _child_run(tracker, parent_id, scenario, name, seed) as run:
-                    wrapped = TrackingWrapper(env, run)
-                    player = agent.for_seed(seed) if hasattr(agent, "for_seed") else agent
-                    res = rollout(
-                        wrapped, player, seed, target_loss=target,
-                        on_step=clock if by_time else None,
-                    )  # fmt: skip
-                    csv = out / f"decisions-{slug(name)}-seed{seed}.csv"
-                    _log_episode(run, wrapped, res, csv)
-                    results[name].append(res)
-                # an episode that ended early (target, failure) finishes its share
-                adv(float(cfg.env["time_budget_s"]) - clock.done_s if by_time else 1.0)
-        results = {name: results[name] for name in agents}  # the caller's order
+            remote = [c for c in cells if c not in here]
+            played = _compare_on_ray(
+                cfg, env, players, remote, tracker, parent_id, out, scenario, executor, adv,
+                by_time,
+            )  # fmt: skip
+        for name, seed in here:
+            agent = players[name]
+            clock = TrainingClock(adv)
+            with _child_run(tracker, parent_id, scenario, name, seed) as run:
+                wrapped = TrackingWrapper(env, run)
+                player = agent.for_seed(seed) if hasattr(agent, "for_seed") else agent
+                res = rollout(
+                    wrapped, player, seed, target_loss=target, on_step=clock if by_time else None
+                )
+                _log_episode(run, wrapped, res, out / f"decisions-{slug(name)}-seed{seed}.csv")
+                played[(name, seed)] = res
+            # an episode that ended early (target, failure) finishes its share
+            adv(float(cfg.env["time_budget_s"]) - clock.done_s if by_time else 1.0)
+    oracles, reruns = plan.fold(played)
+    results = {
+        name: oracles[name] if name in oracles else [played[(name, s)] for s in seeds]
+        for name in agents
+    }  # the caller's order
     for name, eps in results.items():
         if any(e.steps for e in eps):
             figures.append(
@@ -343,7 +362,7 @@ def compare(
             title=f"held-out loss vs training time, {network}",
         )
     )
-    return results, figures
+    return results, figures, reruns
 
 
 def build_agent(name: str, env: gym.Env, cfg: RunConfig, hyperparams: dict[str, Any]) -> Any:
@@ -378,9 +397,8 @@ def search_oracle(name: str, agent: Any, cost: TrainingCost, *, real: bool = Tru
     t0 = time.perf_counter()
     if isinstance(agent, OracleStaticAgent):
         episodes = len(agent.entries) * len(agent.seeds)
-        with phase(
-            f"{name}: every menu entry on the evaluation seeds", episodes, unit="episodes"
-        ) as adv:
+        seeds = "the evaluation seeds" if agent.oracle else f"training seeds {agent.seeds}"
+        with phase(f"{name}: every menu entry on {seeds}", episodes, unit="episodes") as adv:
             agent.learn(callback=EpisodeCounter(adv))
         what = f"{len(agent.ranking)} entries"
     else:  # oracle-adaptive: forks at every phase boundary (how many depends on pruning)
@@ -389,9 +407,9 @@ def search_oracle(name: str, agent: Any, cost: TrainingCost, *, real: bool = Tru
         what = "every phase boundary"
     seconds = time.perf_counter() - t0
     cost.add("search_s", seconds, int(agent.search_decisions) if real else 0)
+    kind = "search cost, reported apart" if agent.oracle else "its tuning cost"
     console.print(
-        f"{name} searched {what} in {seconds:.1f} s "
-        f"({agent.search_decisions} decisions; search cost, reported apart)"
+        f"{name} searched {what} in {seconds:.1f} s ({agent.search_decisions} decisions; {kind})"
     )
 
 
@@ -441,15 +459,16 @@ def prepare_baseline(
         if shared and shared[0].seeds == seeds:
             hyper["static"] = shared[0]
     agent = build_agent(name, env, cfg, hyper)
-    if agent.oracle:
+    if agent.oracle or isinstance(agent, OracleStaticAgent):  # best-static searches as well
         if executor is not None and isinstance(agent, OracleStaticAgent):
             t0 = time.perf_counter()
-            with phase(f"{name}: every menu entry on the evaluation seeds"):
+            with phase(f"{name}: every menu entry on its seeds {agent.seeds}"):
                 _search_on_ray(agent, env, cfg, executor)
             cost.add("search_s", time.perf_counter() - t0, int(agent.search_decisions))
+            kind = "search cost, reported apart" if agent.oracle else "its tuning cost"
             console.print(
                 f"{name} searched {len(agent.ranking)} entries in {cost.wall_s:.1f} s "
-                f"({agent.search_decisions} real decisions; search cost, reported apart)"
+                f"({agent.search_decisions} real decisions; {kind})"
             )
         else:
             search_oracle(name, agent, cost)
@@ -504,10 +523,14 @@ def compare_with_baselines(
     agents = {name: agent}
     for b in cfg.baselines:
         agents[b], _ = prepare_baseline(b, env, cfg, agents, executor=executor)
-    results, figures = compare(cfg, env, agents, tracker, parent.run_id, out, executor=executor)
+    results, figures, reruns = compare(
+        cfg, env, agents, tracker, parent.run_id, out, executor=executor
+    )
     for fig in figures:
         parent.log_artifact(fig)
     print_table(results, cfg)
+    for line in rerun_lines(reruns):
+        console.print(line.replace("`", ""))
     _log_summary(parent, results)
     return results
 

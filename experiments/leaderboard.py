@@ -35,6 +35,7 @@ import yaml
 from rich.table import Table
 
 from commgym.agents.oracle import OracleEntry
+from commgym.agents.oracle_adaptive import OracleAdaptiveAgent
 from commgym.agents.rollout import Episode
 from commgym.experiments.config import RunConfig, load_run_config
 from commgym.experiments.evaluation import (
@@ -52,8 +53,11 @@ from commgym.experiments.headroom import (
     has_headroom,
     headroom,
     paired_difference,
+    seeds_needed,
+    t_critical,
 )
 from commgym.experiments.progress import console
+from commgym.experiments.reruns import Rerun, departure_lines, departures, rerun_lines
 from commgym.experiments.session import announce, check_network, make_env, slug, start_ranks
 from commgym.experiments.train import learn_agent
 
@@ -348,10 +352,14 @@ def _headroom(
     entries: list[LeaderboardEntry],
     results: dict[str, list[Episode]],
     out: Path,
+    reruns: list[Rerun] = (),
+    gone: dict[str, list[dict[str, Any]]] | None = None,
 ) -> tuple[list[str], dict[str, Any], Path]:
     """Headroom, captured fractions, strongest baseline and per-condition actions.
 
-    Sets :attr:`LeaderboardEntry.captured` and writes ``headroom-<scenario>.json``.
+    Sets :attr:`LeaderboardEntry.captured` and writes ``headroom-<scenario>.json``, with the
+    oracles' near-tied re-runs (``reruns``) and where ``oracle-adaptive``'s re-runs went
+    past their search (``gone``: oracle name -> :func:`~commgym.experiments.reruns.departures`).
 
     Returns:
         ``(Markdown lines that follow the scenario's table, the report, its file)``.
@@ -381,10 +389,19 @@ def _headroom(
                 "this evaluation (e.g. another machine load), so h and C are not valid here; "
                 "rerun the scenario on an otherwise idle machine."
             )
+    if reruns:
+        report["reruns"] = [r.to_dict() for r in reruns]
+        lines += rerun_lines(reruns)
+    for name, rows in (gone or {}).items():
+        report.setdefault("departures", {})[name] = rows
+        lines += departure_lines(name, rows)
     if static is not None and adaptive is not None:
         h = headroom(static.time_to_target_s, adaptive.time_to_target_s)
         shown = has_headroom(h) and not beaten
-        report["headroom"] = {**asdict(h), "established": shown, "valid": not beaten}
+        need = seeds_needed(h)
+        report["headroom"] = {
+            **asdict(h), "established": shown, "valid": not beaten, "seeds_needed": need,
+        }  # fmt: skip
         report["captured"] = {}
         for e in entries:
             if e.role == "oracle":
@@ -399,13 +416,24 @@ def _headroom(
         elif shown:
             verdict = f"headroom h = {h}"
         else:
+            more = (
+                f"; with this spread {need} seeds would establish it"
+                if need is not None and need > h.n
+                else "; more seeds would not establish it at this spread"
+                if need is None
+                else ""
+            )
             verdict = (
                 f"**no headroom**: h = {h} is below {HEADROOM_FACTOR:g}x its interval's "
-                "half-width, so agents are not ranked on the captured fraction"
+                f"half-width, so agents are not ranked on the captured fraction{more}"
             )
+        z = f"{h.z:.1f}" if math.isfinite(h.z) else "-"
         lines.append(
-            f"Adaptation: {verdict} (oracle-static {static.time_to_target_mean_s:.2f} s, "
-            f"oracle-adaptive {adaptive.time_to_target_mean_s:.2f} s; paired bootstrap over "
+            f"Adaptation: {verdict} (h = {z} standard errors; the rule needs "
+            f"{HEADROOM_FACTOR:g} x t(0.975, {h.n - 1}) = "
+            f"{HEADROOM_FACTOR * t_critical(max(h.n, 2)):.1f}; oracle-static "
+            f"{static.time_to_target_mean_s:.2f} s, oracle-adaptive "
+            f"{adaptive.time_to_target_mean_s:.2f} s; paired jackknife t-intervals over "
             f"{h.n} seeds)."
         )
         if shown:
@@ -761,9 +789,14 @@ def _run(
                             if path is not None:
                                 parent.log_artifact(path, artifact_path=slug(scenario))
                     built[name], costs[name] = agent, cost
-                results, figs = compare(
+                results, figs, reruns = compare(
                     cfg, env, built, tracker, parent.run_id, s_out, scenario, executor
                 )
+                gone = {
+                    name: departures(agent, results[name])
+                    for name, agent in built.items()
+                    if isinstance(agent, OracleAdaptiveAgent)
+                }
                 for sname, sur in surrogates:
                     sim_to_real_gap(cfg, sur, built[sname], results[sname], parent,
                                  prefix=f"{slug(scenario)}/{slug(sname)}/")  # fmt: skip
@@ -783,7 +816,7 @@ def _run(
                 )  # fmt: skip
                 entries.append(e)
             _speedups(entries)
-            notes, report, report_path = _headroom(scenario, entries, results, out)
+            notes, report, report_path = _headroom(scenario, entries, results, out, reruns, gone)
             board[scenario] = entries
             title = _title(cfg, scenario, seeds)
             table = Table(title=title)

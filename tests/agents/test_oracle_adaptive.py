@@ -213,3 +213,38 @@ def test_rollout_table_learns_the_phase_winners_on_training_seeds_and_recognises
     assert ep.time_to_target_s <= _time_to_target(env, BESTS, 7) + 2 * DT
     back = load_agent(agent.save(tmp_path / "table.zip"), env=env)
     assert back.table == agent.table and back.centres == agent.centres
+
+
+def test_rerun_past_the_searched_phases_plays_by_condition():
+    """A re-run slower than its search must not run its last entry into later phases."""
+    from dataclasses import replace
+
+    from commgym.agents.oracle_adaptive import PhaseChoice
+
+    env = _env(bests=[*BESTS, BESTS[0], BESTS[1]], boundaries=(1.05, 2.1, 3.15))
+    static = OracleStaticAgent(env, seeds=SEEDS).learn()
+    oracle = OracleAdaptiveAgent(env, seeds=SEEDS, static=static).learn()
+    sched = oracle.schedules[SEEDS[0]]
+    # the search records every phase of the episode, searched or not
+    env.reset(seed=SEEDS[0])
+    assert list(sched.conditions) == env.episode_phases
+    # as if the search had needed two phases of a link that alternates fast/slow
+    fast, slow = _entry(env, BESTS[0]), _entry(env, BESTS[1])
+    oracle.schedules[SEEDS[0]] = replace(
+        sched,
+        phases=(PhaseChoice(0.0, "fast", fast), PhaseChoice(1.05, "slow", slow)),
+        conditions=((0.0, "fast"), (1.05, "slow"), (2.1, "fast"), (3.15, "slow"), (4.2, "new")),
+    )
+    assert oracle.full_schedule(SEEDS[0]) == [
+        (0.0, fast), (1.05, slow), (2.1, fast), (3.15, slow), (4.2, oracle.base),
+    ]  # fmt: skip
+    assert oracle.searched_until_s(SEEDS[0]) == pytest.approx(2.1)
+    player = oracle.for_seed(SEEDS[0])
+    assert player.schedule == oracle.full_schedule(SEEDS[0])
+    # a schedule whose search covered every phase has nothing past it
+    oracle.schedules[SEEDS[1]] = replace(
+        oracle.schedules[SEEDS[1]], conditions=((0.0, "fast"),),
+        phases=(PhaseChoice(0.0, "fast", fast),),
+    )  # fmt: skip
+    assert oracle.searched_until_s(SEEDS[1]) == math.inf
+    assert oracle.full_schedule(SEEDS[1]) == [(0.0, fast)]

@@ -203,6 +203,28 @@ def test_the_probe_is_timed_counted_and_observed():
             # the field is log10 of the probe's all-reduce rate, Gbit/s (ring model bytes)
             assert obs[idx["log10_probe_gbps"]] != 0.0
             assert obs[idx["log10_link_gbps"]] == 0.0 and obs[idx["straggler_ms"]] == 0.0
+        # a player that does not read the probe (the rollout's reset option) runs none
+        env.reset(seed=2, options={"probe": False})
+        obs, _, _, _, info = env.step(np.array([0, 0, 0]))
+        assert info["measured"]["probe_s"] == 0 and info["measured"]["probe_bytes"] == 0
+        assert obs[idx["log10_probe_gbps"]] == 0.0
+        env.reset(seed=2)  # no option: the probe runs, as configured
+        _, _, _, _, info = env.step(np.array([0, 0, 0]))
+        assert info["measured"]["probe_s"] > 0
+        with pytest.raises(ValueError, match="reset option 'probe' must be True or False"):
+            env.reset(seed=2, options={"probe": "no"})
+    finally:
+        env.close()
+
+
+def test_probe_for_all_charges_every_player():
+    """probe_for_all: the earlier figures' setting, every player runs the probe."""
+    from commgym.agents import StaticAgent, rollout
+
+    env = _forkable_env(probe_bytes=65536, probe_for_all=True, max_decisions=2)
+    try:
+        ep = rollout(env, StaticAgent(env, preset="int8/25MB/H1"), 3)
+        assert ep.steps and all(st.measured.probe_s > 0 for st in ep.steps)
     finally:
         env.close()
 

@@ -74,6 +74,8 @@ CASES = {
     ),
     # what click rejects while parsing: the same one line (no usage box), the flag named
     "out of range: --seeds -1": (["leaderboard", "--seeds", "-1"], ("--seeds", "equal to 1")),
+    # training seeds derive from --seed above the evaluation seeds: a negative one is refused
+    "out of range: --seed -1": (["train", "--seed", "-1"], ("--seed", "equal to 0")),
     "out of range: --world-size 0": (
         ["train", "--config", "smoke", "--world-size", "0"],
         ("--world-size", "equal to 1"),
