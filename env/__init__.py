@@ -51,3 +51,6 @@ if "commgym/AllReduce-v1" not in gymnasium.registry:
 if "commgym/Surrogate-v1" not in gymnasium.registry:
     # learned model of AllReduce-v1 (same spaces and rewards), see commgym.env.surrogate
     gymnasium.register(id="commgym/Surrogate-v1", entry_point="commgym.env.surrogate:SurrogateEnv")
+if "commgym/Sim-v1" not in gymnasium.registry:
+    # factorised simulator of AllReduce-v1 (same spaces and records), see commgym.env.sim
+    gymnasium.register(id="commgym/Sim-v1", entry_point="commgym.env.sim:SimEnv")

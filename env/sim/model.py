@@ -1,0 +1,191 @@
+"""The factorised dynamics of one decision: time from compute, codec and wire; progress from curves.
+
+For menu entry ``e`` (compression, one bucket, period ``H``), ``K`` steps per decision and
+a link of rate ``R`` (``None``: unshaped loopback)::
+
+    rounds(e)    = K                      (H = 1: a gradient exchange per step)
+                 = ceil(K / H)            (H > 1: K // H averagings, plus the consensus
+                                           averaging when K is no multiple of H)
+    exchange(e,R) = sum over the compressor's rounds r of
+                    wire.exchange_s(kind, round_bytes[r], R, collectives[r])
+    base(e)      = (train_loop(e) - rounds(e) * (codec(e) + exchange(e, None))) / K
+    decision(e,R) = K base(e) + rounds(e) (codec(e) + exchange(e, R))
+                    [+ probe(R)]  [+ switch(prev -> e, R)]
+
+``train_loop`` is measured on the ranks (unshaped, this world size and thread count),
+``codec`` and the payload per round by the kernels, ``exchange`` is the fitted wire
+model. ``base`` is what remains per step: forward, backward, optimizer step, data, the
+host's share; it is reported next to the ranks' own ``compute_s``. With one bucket the
+exchange starts when backward ends, so it overlaps nothing; the loopback overlap the ranks
+measured stays inside ``train_loop``. ``switch`` is the optimizer state's all-reduce when a
+local-SGD period switches to 1 (:meth:`GradientSynchronizer.reconfigure`), on the link in
+force. The iteration walls (for ``step_time_s``, the median) put each exchange in the
+iteration that issues it.
+
+Learning progress is :class:`~commgym.env.sim.progress.ProgressModel` (link-independent).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from commgym.collectives import CompressionSpec
+from commgym.env.sim.calibration import Calibration
+from commgym.env.sim.progress import ProgressModel
+
+__all__ = ["DecisionTiming", "SimModel"]
+
+
+@dataclass(frozen=True)
+class DecisionTiming:
+    """One entry's decision on one link, without switch or probe.
+
+    Attributes:
+        train_s: decision time, s.
+        step_s: median iteration time, s.
+        comm_wait_s: mean wait on the gradient exchange per iteration, s.
+        comm_s: communication waited on over the decision, s.
+        compress_s: codec per iteration as the ranks time it, s.
+        exchange_s: one exchange's wire time, s.
+        rounds: exchanges per decision.
+    """
+
+    train_s: float
+    step_s: float
+    comm_wait_s: float
+    comm_s: float
+    compress_s: float
+    exchange_s: float
+    rounds: int
+
+
+class SimModel:
+    """The dynamics of every menu entry, built once from a :class:`Calibration`.
+
+    Args:
+        calibration: the measured parts.
+        menu: the env's action menu (entries in flat, row-major order).
+        steps_per_decision: ``K`` (equal to the calibration's; checked by the env).
+    """
+
+    def __init__(self, calibration: Calibration, menu: Any, steps_per_decision: int) -> None:
+        self.cal = calibration
+        self.menu = menu
+        self.k = int(steps_per_decision)
+        nvec = tuple(int(n) for n in menu.nvec)
+        self.configs = [menu.decode(np.array(a)) for a in np.ndindex(*nvec)]
+        self.entries = [str(c) for c in self.configs]
+        self.periods = [int(c.sync_period) for c in self.configs]
+        self.specs = [str(CompressionSpec.parse(str(c.compression))) for c in self.configs]
+        self.rounds = [self._rounds(h) for h in self.periods]
+        self.progress = ProgressModel(
+            {e: calibration.entries[e].curves for e in self.entries},
+            calibration.switch_penalty,
+            calibration.target_loss,
+        )
+        tables = self.progress.tables()
+        #: per flat entry: (ascending -log-loss levels, positions), plain lists (scalar
+        #: look-ups in pure Python beat np.interp's call overhead on the hot path)
+        self.tables = [(tables[e][0].tolist(), tables[e][1].tolist()) for e in self.entries]
+        self._cache: dict[Any, list[DecisionTiming]] = {}
+        acc = np.asarray(calibration.eval_acc, dtype=np.float64).reshape(-1, 2)
+        self._acc = (acc[:, 0].tolist(), acc[:, 1].tolist()) if len(acc) else None
+
+    def _rounds(self, h: int) -> int:
+        if h == 1:
+            return self.k
+        he = min(h, self.k)
+        return self.k // he + (1 if self.k % he else 0)
+
+    def exchange_s(self, spec: str, rate_bit_s: float | None) -> float:
+        """One exchange of ``spec``'s payload (every round of the compressor), s."""
+        c = self.cal.codec[spec]
+        return sum(
+            self.cal.wire.exchange_s(c.kind, b, rate_bit_s, n)
+            for b, n in zip(c.round_bytes, c.round_collectives, strict=True)
+        )
+
+    def probe_s(self, probe_bytes: int, rate_bit_s: float | None) -> float:
+        """The probe all-reduce of ``probe_bytes`` on the link, s (0 without a probe)."""
+        if probe_bytes <= 0:
+            return 0.0
+        return self.cal.wire.exchange_s("allreduce", probe_bytes, rate_bit_s, 1)
+
+    def switch_s(self, prev: int, k: int, rate_bit_s: float | None) -> float:
+        """Extra time of switching from flat entry ``prev`` to ``k`` on the link, s.
+
+        Leaving a local-SGD period for period 1 averages the rank-local optimizer state
+        (one fp32 all-reduce of it); every other switch costs no communication.
+        """
+        if prev < 0 or prev == k or self.periods[k] != 1 or self.periods[prev] == 1:
+            return 0.0
+        return self.cal.wire.exchange_s("allreduce", self.cal.optimizer_state_bytes, rate_bit_s, 1)
+
+    def timings(self, rate_bit_s: float | None) -> list[DecisionTiming]:
+        """Every flat entry's :class:`DecisionTiming` on the link (cached per rate)."""
+        key = None if rate_bit_s is None else int(rate_bit_s)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        out = []
+        for e, spec, h, rounds in zip(
+            self.entries, self.specs, self.periods, self.rounds, strict=True
+        ):
+            ent = self.cal.entries[e]
+            codec = self.cal.codec[spec].codec_s
+            ex_loop = self.exchange_s(spec, None)
+            ex = self.exchange_s(spec, rate_bit_s)
+            base = max((ent.train_s - rounds * (codec + ex_loop)) / self.k, 0.0)
+            train = self.k * base + rounds * (codec + ex)
+            if h == 1:
+                walls = [base + codec + ex] * self.k
+            else:
+                he = min(h, self.k)
+                walls = [base + ((codec + ex) if (i + 1) % he == 0 else 0.0) for i in range(self.k)]
+            step = float(np.median(walls))
+            consensus = (codec + ex) if (h > 1 and self.k % min(h, self.k)) else 0.0
+            wait = ex if h == 1 else 0.0
+            out.append(
+                DecisionTiming(
+                    train_s=train,
+                    step_s=step,
+                    comm_wait_s=wait,
+                    comm_s=wait * self.k + (consensus - codec if consensus else 0.0),
+                    compress_s=ent.compress_s,
+                    exchange_s=ex,
+                    rounds=rounds,
+                )
+            )
+        self._cache[key] = out
+        return out
+
+    def next_loss(self, k: int, loss: float, switched: bool) -> float:
+        """Held-out loss after one decision of flat entry ``k`` from ``loss``."""
+        lv, pos = self.tables[k]
+        adv = 1.0 - self.progress.switch_penalty if switched else 1.0
+        p = _interp(-math.log(max(loss, 1e-8)), lv, pos) + adv
+        return math.exp(-_interp(p, pos, lv))
+
+    def eval_acc(self, loss: float) -> float:
+        """Held-out accuracy at ``loss`` (the calibration's read-out; NaN without one)."""
+        if self._acc is None:
+            return math.nan
+        return _interp(loss, self._acc[0], self._acc[1])
+
+
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    """``np.interp`` for one scalar on plain lists (``xs`` non-decreasing; clamped ends)."""
+    i = bisect.bisect_right(xs, x)
+    if i <= 0:
+        return ys[0]
+    if i >= len(xs):
+        return ys[-1]
+    x0, x1 = xs[i - 1], xs[i]
+    if x1 <= x0:
+        return ys[i]
+    return ys[i - 1] + (x - x0) * (ys[i] - ys[i - 1]) / (x1 - x0)

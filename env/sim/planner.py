@@ -1,0 +1,260 @@
+"""The simulator's own oracles: every menu entry's time to target, and the best schedule.
+
+Both run the pure dynamics of :class:`~commgym.env.sim.model.SimModel` on the conditions
+the env config resolves for each episode seed (:func:`~commgym.env.sim.env.episode_conditions`),
+with the real env's rules: the link applies from the first decision that starts at or
+after a switch, the time to target is the training time of the first decision whose
+held-out loss is ``<= target_loss``, the episode is truncated at ``time_budget_s`` (a miss
+counts as the budget in means), and seeds are ``env.reset`` seeds (the episode seed is
+drawn from them as the envs draw it).
+
+* :func:`static_ranking`: ``oracle-static`` in the simulator: every entry on every seed,
+  ranked by the real oracle's rule (:meth:`~commgym.agents.oracle.OracleEntry.rank_key`:
+  seeds missed, mean time with misses at the budget, mean final loss).
+* :func:`adaptive_times`: ``oracle-adaptive`` in the simulator. A schedule (links that
+  switch inside an episode): dynamic programming over the phase sequence, one entry per
+  phase as the real oracle plays them, exact for the simulator's deterministic dynamics:
+  the states reached at each phase boundary (training time, held-out loss, last entry) are
+  kept where no other state with the same last entry is both earlier and lower (a Pareto
+  front), and every entry is tried from each. Conditions drawn per episode (``profiles``)
+  or fixed: the contextual oracle, the best entry per drawn condition by its mean over that
+  condition's seeds. (The real oracle-adaptive is greedy over phases, so it can only be
+  slower than this optimum.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium.utils import seeding
+
+from commgym.env.schedule import episode_seed as draw_episode_seed
+from commgym.env.sim.env import episode_conditions
+from commgym.env.sim.model import SimModel
+
+__all__ = [
+    "EntryTimes",
+    "adaptive_times",
+    "best_schedule_time",
+    "episode_seed_of",
+    "headroom",
+    "simulate",
+    "static_ranking",
+]
+
+#: States kept per (phase, last entry) in the dynamic programme.
+MAX_FRONT = 64
+
+
+def episode_seed_of(reset_seed: int) -> int:
+    """The episode seed an env draws after ``reset(seed=reset_seed)`` (both envs draw it so)."""
+    rng, _ = seeding.np_random(int(reset_seed))
+    return draw_episode_seed(rng)
+
+
+@dataclass(frozen=True)
+class EntryTimes:
+    """One entry's simulated episodes over the seeds (a row of the ranking).
+
+    Attributes:
+        config: the entry, ``str(CommConfig)``.
+        times_s: per seed, time to target (``None``: missed).
+        final_losses: per seed, the last held-out loss.
+        budget_s: the env's time budget (what a miss counts as).
+    """
+
+    config: str
+    times_s: tuple[float | None, ...]
+    final_losses: tuple[float, ...]
+    budget_s: float
+
+    @property
+    def mean_s(self) -> float:
+        """Mean time to target, misses at the budget."""
+        return float(np.mean([self.budget_s if t is None else t for t in self.times_s]))
+
+    @property
+    def missed(self) -> int:
+        """Seeds that missed the target."""
+        return sum(t is None for t in self.times_s)
+
+    def rank_key(self) -> tuple[int, float, float]:
+        """The real oracle-static's ranking rule."""
+        return (self.missed, self.mean_s, float(np.mean(self.final_losses)))
+
+
+class _Run:
+    """Conditions and constants of one episode seed."""
+
+    def __init__(self, model: SimModel, cfg: Any, reset_seed: int, probe_bytes: int) -> None:
+        self.model = model
+        self.cfg = cfg
+        schedule, _, _ = episode_conditions(cfg, episode_seed_of(reset_seed))
+        self.schedule = schedule
+        self.starts = [0.0] if schedule is None else [float(t) for t, _ in schedule]
+        self.rates = [None] if schedule is None else [s.rate_bit_s for _, s in schedule]
+        self.timings = [model.timings(r) for r in self.rates]
+        self.probe = [model.probe_s(probe_bytes, r) for r in self.rates]
+        self.budget = float(cfg.time_budget_s)
+        self.target = -math.inf if cfg.target_loss is None else float(cfg.target_loss)
+
+    def phase(self, t: float) -> int:
+        return int(np.searchsorted(self.starts, max(t, 0.0), side="right")) - 1
+
+    def decision(self, k: int, prev: int, loss: float, t: float) -> tuple[float, float]:
+        """``(new training time, new loss)`` after one decision of ``k`` starting at ``t``."""
+        i = self.phase(t)
+        switched = prev >= 0 and prev != k
+        dt = self.timings[i][k].train_s + self.probe[i]
+        if switched:
+            dt += self.model.switch_s(prev, k, self.rates[i])
+        return t + dt, self.model.next_loss(k, loss, switched)
+
+
+def simulate(
+    model: SimModel,
+    cfg: Any,
+    reset_seed: int,
+    schedule: Sequence[tuple[float, int]],
+    probe_bytes: int = 0,
+) -> tuple[float | None, float, float]:
+    """One simulated episode of a piecewise-constant schedule of flat entries.
+
+    Args:
+        model: the dynamics.
+        cfg: the env config (conditions, budget, target).
+        reset_seed: the ``env.reset`` seed.
+        schedule: ``(start_s, flat entry)`` pairs from 0 s (a static entry: one pair).
+        probe_bytes: the probe each decision runs (0: a probe-free player).
+
+    Returns:
+        ``(time to target or None, final held-out loss, final training time)``.
+    """
+    run = _Run(model, cfg, reset_seed, probe_bytes)
+    starts = [s for s, _ in schedule]
+    t, loss, prev = 0.0, model.progress.initial_loss, -1
+    while True:
+        k = schedule[int(np.searchsorted(starts, t, side="right")) - 1][1]
+        t, loss = run.decision(k, prev, loss, t)
+        prev = k
+        if loss <= run.target:
+            return t, loss, t
+        if t >= run.budget:
+            return None, loss, t
+
+
+def static_ranking(
+    model: SimModel, cfg: Any, seeds: Sequence[int], probe_bytes: int = 0
+) -> list[EntryTimes]:
+    """Every flat entry on every seed, best first (the real oracle-static's rule)."""
+    rows = []
+    for k, entry in enumerate(model.entries):
+        res = [simulate(model, cfg, s, [(0.0, k)], probe_bytes) for s in seeds]
+        rows.append(
+            EntryTimes(
+                entry,
+                tuple(r[0] for r in res),
+                tuple(r[1] for r in res),
+                float(cfg.time_budget_s),
+            )
+        )
+    return sorted(rows, key=EntryTimes.rank_key)
+
+
+def _front(states: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
+    out: list[tuple[float, float, int]] = []
+    by_prev: dict[int, list[tuple[float, float, int]]] = {}
+    for s in states:
+        by_prev.setdefault(s[2], []).append(s)
+    for group in by_prev.values():
+        group.sort()
+        best = math.inf
+        kept = []
+        for s in group:
+            if s[1] < best:
+                kept.append(s)
+                best = s[1]
+        out.extend(kept[:MAX_FRONT])
+    return out
+
+
+def best_schedule_time(
+    model: SimModel, cfg: Any, reset_seed: int, probe_bytes: int = 0
+) -> float | None:
+    """The best one-entry-per-phase schedule's time to target on one seed (DP; None: missed)."""
+    run = _Run(model, cfg, reset_seed, probe_bytes)
+    n = len(run.starts)
+    states: dict[int, list[tuple[float, float, int]]] = {
+        0: [(0.0, model.progress.initial_loss, -1)]
+    }
+    best = math.inf
+    for i in range(n):
+        end = run.starts[i + 1] if i + 1 < n else math.inf
+        for t0, l0, p0 in _front(states.pop(i, [])):
+            if t0 >= best:
+                continue
+            for k in range(len(model.entries)):
+                t, loss, prev = t0, l0, p0
+                while True:
+                    t, loss = run.decision(k, prev, loss, t)
+                    prev = k
+                    if loss <= run.target:
+                        best = min(best, t)
+                        break
+                    if t >= run.budget or t >= best:
+                        break
+                    if t >= end:
+                        states.setdefault(run.phase(t), []).append((t, loss, k))
+                        break
+    return None if not math.isfinite(best) else best
+
+
+def adaptive_times(
+    model: SimModel,
+    cfg: Any,
+    seeds: Sequence[int],
+    ranking: Sequence[EntryTimes] | None = None,
+    probe_bytes: int = 0,
+) -> list[float | None]:
+    """``oracle-adaptive``'s time to target per seed in the simulator (see the module docstring).
+
+    Args:
+        model: the dynamics.
+        cfg: the env config.
+        seeds: the ``env.reset`` seeds (the order of ``ranking``'s per-seed times).
+        ranking: :func:`static_ranking` on ``seeds`` (computed when not given).
+        probe_bytes: the probe each decision runs (0: probe-free, as the oracles play).
+    """
+    if cfg.network_plan.kind != "schedule":
+        ranking = ranking or static_ranking(model, cfg, seeds, probe_bytes)
+        groups: dict[str, list[int]] = {}
+        for i, s in enumerate(seeds):
+            sched, _, _ = episode_conditions(cfg, episode_seed_of(s))
+            label = "loopback" if sched is None else str(sched.spec_at(0.0))
+            groups.setdefault(label, []).append(i)
+        out: list[float | None] = [None] * len(seeds)
+        budget = float(cfg.time_budget_s)
+        for idx in groups.values():
+            best = min(
+                ranking,
+                key=lambda r: (
+                    sum(r.times_s[i] is None for i in idx),
+                    float(np.mean([budget if r.times_s[i] is None else r.times_s[i] for i in idx])),
+                ),
+            )
+            for i in idx:
+                out[i] = best.times_s[i]
+        return out
+    return [best_schedule_time(model, cfg, s, probe_bytes) for s in seeds]
+
+
+def headroom(
+    static_mean_s: float, adaptive: Sequence[float | None], budget_s: float
+) -> tuple[float, float]:
+    """``(T_adaptive, h)``, ``h = (T_static - T_adaptive) / T_static`` (misses at the budget)."""
+    t_ad = float(np.mean([budget_s if t is None else t for t in adaptive]))
+    return t_ad, (static_mean_s - t_ad) / static_mean_s

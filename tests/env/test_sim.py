@@ -1,0 +1,317 @@
+"""commgym/Sim-v1: parts against references, the env's contract, conditions as the real env's."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import commgym.env  # noqa: F401 - registers the envs
+from commgym.env import AllReduceEnv, EnvConfig
+from commgym.env.measure import DECISION_FIELDS, measurement_from_info
+from commgym.env.net import tbf_burst_bytes
+from commgym.env.schedule import episode_seed as draw_episode_seed
+from commgym.env.sim import (
+    Calibration,
+    CodecMeasurement,
+    EntryCalibration,
+    ProgressModel,
+    SimEnv,
+    SimModel,
+    WireModel,
+    adaptive_times,
+    best_schedule_time,
+    fit_switch_penalty,
+    fit_wire,
+    simulate,
+    static_ranking,
+    workload_key,
+)
+from commgym.env.sim.wire import LinkFit, ring_uplink_bytes
+from commgym.env.surrogate import AlphaBeta
+
+MENU = {"compression": ["none", "topk:0.01"], "bucket_mb": [25.0], "sync_period": [1, 2]}
+W = 4
+K = 4
+
+
+def _env_cfg(**kw):
+    base = dict(
+        workload="mid-mlp", world_size=W, shards="label-skew", lr=0.02, steps_per_decision=K,
+        time_budget_s=30.0, reward="time_to_target", target_loss=0.2, action_menu=MENU,
+    )  # fmt: skip
+    base.update(kw)
+    return EnvConfig(**base)
+
+
+def _curve(rate: float, n: int = 80) -> list[float]:
+    return [2.3 * math.exp(-rate * i) for i in range(n)]
+
+
+def _calibration() -> Calibration:
+    """A small fixture: two compressions, two periods, one recorded shaped rate (10 Mbit/s)."""
+    wire = WireModel(
+        W,
+        loop_alpha_s={"allreduce": 1e-4, "allgather": 1e-4},
+        beta_host_s={"allreduce": 1e-9, "allgather": 1e-9},
+        links={10_000_000: {"allreduce": LinkFit(2e-4, 1.05), "allgather": LinkFit(2e-4, 1.05)}},
+    )
+    codec = {
+        "none": CodecMeasurement("none", "allreduce", 4_505_640, (4_505_640,), (1,), 3e-4),
+        "topk:0.01": CodecMeasurement("topk:0.01", "allgather", 4_505_640, (90_112,), (1,), 7e-3),
+    }
+    speed = {"none/25MB/H1": 0.060, "none/25MB/H2": 0.045, "topk:0.01/25MB/H1": 0.050,
+             "topk:0.01/25MB/H2": 0.040}  # fmt: skip
+    entries = {
+        e: EntryCalibration(
+            train_s=0.2 + 0.01 * i,
+            step_s=0.05,
+            compute_s=0.02,
+            compress_s=0.0,
+            bytes_total=1e6,
+            train_loss_ratio=0.9,
+            log10_grad_norm=0.0,
+            compression_error=0.1,
+            decisions=40,
+            curves=[_curve(speed[e]), _curve(speed[e] * 1.1)],
+        )
+        for i, e in enumerate(speed)
+    }
+    return Calibration(
+        key=workload_key(_env_cfg()), menu=dict(MENU, error_feedback=True), num_params=1_126_410,
+        param_shapes=[[10, 1024], [10]], optimizer_state_bytes=4 * 1_126_410, target_loss=0.18,
+        entries=entries, codec=codec, wire=wire, switch_penalty=0.2,
+        eval_acc=[[0.1, 0.97], [2.3, 0.1]],
+    )  # fmt: skip
+
+
+# -- wire ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("rate", [10e6, 100e6, 1e9])
+@pytest.mark.parametrize("n", [65_536, 4_505_640])
+def test_wire_is_the_closed_form_ring_beyond_the_burst(rate, n):
+    """With no latency, host cost or inefficiency, an all-reduce is the ring's volume at 8/R."""
+    wire = WireModel(
+        W, links={int(rate): {k: LinkFit(0.0, 1.0) for k in ("allreduce", "allgather")}}
+    )
+    ring = AlphaBeta().allreduce_s(n, W, rate)  # 2(W-1)/W n 8/R: Thakur et al.
+    burst = tbf_burst_bytes(rate)
+    assert wire.exchange_s("allreduce", n, rate) == pytest.approx(max(0.0, ring - burst * 8 / rate))
+    # ring all-gather: every rank forwards W-1 payloads (AlphaBeta's (W-1)/W x gathered total)
+    gather = AlphaBeta().allgather_s(n * W, W, rate)
+    assert wire.exchange_s("allgather", n, rate) == pytest.approx(
+        max(0.0, gather - burst * 8 / rate)
+    )
+
+
+def test_wire_fit_recovers_alpha_and_efficiency():
+    rate = 10_000_000
+    truth = WireModel(
+        W,
+        loop_alpha_s={"allreduce": 2e-4, "allgather": 3e-4},
+        beta_host_s={"allreduce": 2e-9, "allgather": 4e-9},
+        links={rate: {"allreduce": LinkFit(5e-4, 1.1), "allgather": LinkFit(1e-3, 1.2)}},
+    )
+    sizes = [4096, 65_536, 262_144, 1_048_576]
+    rows = [
+        (k, r, n, truth.exchange_s(k, n, r))
+        for k in ("allreduce", "allgather")
+        for r in (None, rate)
+        for n in sizes
+    ]
+    fit = fit_wire(rows, W)
+    for k in ("allreduce", "allgather"):
+        assert fit.links[rate][k].eta == pytest.approx(truth.links[rate][k].eta, rel=1e-3)
+        for n in sizes:
+            assert fit.exchange_s(k, n, rate) == pytest.approx(
+                truth.exchange_s(k, n, rate), rel=1e-3
+            )
+
+
+def test_an_unrecorded_rate_interpolates_in_log_rate():
+    wire = WireModel(
+        W,
+        links={
+            10**7: {k: LinkFit(1e-3, 1.0) for k in ("allreduce", "allgather")},
+            10**9: {k: LinkFit(3e-3, 2.0) for k in ("allreduce", "allgather")},
+        },
+    )
+    mid = wire._interp("allreduce", 10**8)
+    assert (mid.alpha_s, mid.eta) == pytest.approx((2e-3, 1.5))
+    assert not wire.recorded(10**8) and wire.recorded(10**7) and wire.recorded(None)
+    assert ring_uplink_bytes("allgather", 100, 4) == 300
+
+
+# -- timing ----------------------------------------------------------------------------------
+def test_timing_decomposition_sums_back_to_the_measured_loopback_decision():
+    cal = _calibration()
+    model = SimModel(cal, _env_cfg().menu, K)
+    for e, tm in zip(model.entries, model.timings(None), strict=True):
+        assert tm.train_s == pytest.approx(cal.entries[e].train_s)
+    slow = model.timings(10_000_000)
+    k = model.entries.index("none/25MB/H1")
+    extra = K * (model.exchange_s("none", 10_000_000) - model.exchange_s("none", None))
+    assert slow[k].train_s == pytest.approx(cal.entries["none/25MB/H1"].train_s + extra)
+    # period 2 at K=4: two averagings, so half the dense exchanges of period 1
+    k2 = model.entries.index("none/25MB/H2")
+    assert (slow[k2].rounds, slow[k].rounds) == (2, 4)
+    # leaving a local-SGD period for period 1 all-reduces the optimizer state on the link
+    assert model.switch_s(k2, k, 10_000_000) > 1.0
+    assert model.switch_s(k, k2, 10_000_000) == 0.0
+
+
+# -- progress ----------------------------------------------------------------------------------
+def test_progress_follows_a_static_curve_decision_by_decision():
+    curve = _curve(0.05)
+    pm = ProgressModel({"a": [curve]}, 0.0, floor_loss=0.1)
+    loss = curve[0]
+    for i in range(1, 40):
+        loss = pm.step("a", loss, switched=False)
+        assert loss == pytest.approx(curve[i], rel=1e-3)
+
+
+def test_switch_penalty_is_recovered_from_switching_episodes():
+    curves = {"a": [_curve(0.05)], "b": [_curve(0.08)]}
+    truth = ProgressModel(curves, 0.3, floor_loss=0.1)
+    rng = np.random.default_rng(0)
+    entries, losses = [], [curves["a"][0][0]]
+    prev = None
+    for _ in range(30):
+        e = "ab"[int(rng.integers(2))]
+        losses.append(truth.step(e, losses[-1], switched=prev is not None and e != prev))
+        entries.append(e)
+        prev = e
+    penalty, rms = fit_switch_penalty(curves, [(entries, losses)], floor_loss=0.1)
+    assert penalty == pytest.approx(0.3, abs=0.026)
+    assert rms < 1e-3
+
+
+# -- env contract --------------------------------------------------------------------------------
+def test_sim_env_keeps_the_real_envs_spaces_and_records():
+    cfg = _env_cfg(
+        network={"schedule": [[0, "10gbit"], [4, "10mbit"], [6.4, "10gbit"]], "shift_s": 0.5}
+    )
+    with pytest.warns(UserWarning, match="never recorded"):
+        env = gym.make("commgym/Sim-v1", calibration=_calibration(), config=cfg)
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(env.unwrapped, skip_render_check=True)
+    obs, info = env.reset(seed=1000)
+    from commgym.env.spaces import ObservationBuilder
+
+    real_space = ObservationBuilder(cfg.menu, W, 1_126_410).space
+    assert env.observation_space == real_space and env.action_space.nvec.tolist() == [2, 1, 2]
+    assert obs.shape == env.observation_space.shape and obs.dtype == np.float32
+    steps = 0
+    while True:
+        obs, _, term, trunc, info = env.step(np.array([1, 0, 1]))
+        steps += 1
+        m = measurement_from_info(info)
+        assert set(info["measured"]) >= set(DECISION_FIELDS)
+        assert m.eval_loss > 0 and info["condition"].endswith("stragglers off")
+        if term or trunc:
+            break
+    assert info["reason"] in ("target_reached", "time_budget") and steps > 5
+    # deterministic: the same seed and actions give the same episode
+    a = [env.reset(seed=3)[0]] + [env.step(np.array([0, 0, 0]))[0] for _ in range(3)]
+    b = [env.reset(seed=3)[0]] + [env.step(np.array([0, 0, 0]))[0] for _ in range(3)]
+    np.testing.assert_array_equal(np.stack(a), np.stack(b))
+
+
+def test_probe_option_as_the_real_env():
+    cfg = _env_cfg(network="10mbit", probe_bytes=65_536)
+    env = SimEnv(_calibration(), cfg)
+    env.reset(seed=0)
+    with_probe = env.step(np.array([0, 0, 0]))[4]["measured"]
+    env.reset(seed=0, options={"probe": False})
+    without = env.step(np.array([0, 0, 0]))[4]["measured"]
+    assert with_probe["probe_s"] > 0.04 and without["probe_s"] == 0.0
+    assert with_probe["train_time_s"] - without["train_time_s"] == pytest.approx(
+        with_probe["probe_s"]
+    )
+
+
+@pytest.mark.parametrize(
+    "network",
+    [
+        {
+            "schedule": [[0, "10gbit"], [4, "10mbit"], [6.4, "10gbit"], [10.4, "10mbit"]],
+            "shift_s": 0.5,
+        },
+        {"profiles": ["10mbit", "10gbit"]},
+    ],
+)
+def test_phase_replay_equals_the_real_envs_resolution(network):
+    """The real env's own episode_phases/condition_at, fed by its reset's draws, are the sim's."""
+    cfg = _env_cfg(network=network)
+    sim = SimEnv(_calibration(), cfg)
+    for seed in (1000, 1001, 1002, 7):
+        sim.reset(seed=seed)
+        real = AllReduceEnv.__new__(AllReduceEnv)  # no ranks: only its resolution is read
+        real.config = cfg
+        gym.Env.reset(real, seed=seed)  # what AllReduceEnv.reset does first
+        es = draw_episode_seed(real.np_random)
+        real._schedule = cfg.network_plan.for_episode(es)
+        real._stragglers = cfg.straggler_condition.for_episode(es)
+        real._crossing = cfg.cross_traffic_condition.for_episode(es)
+        assert sim._episode_seed == es
+        assert sim.episode_phases == real.episode_phases
+        for t in (0.0, 3.9, 4.6, 7.0, 11.0):
+            assert sim.condition_at(t) == real.condition_at(t)
+
+
+def test_link_lottery_seeds_draw_the_links_its_scenario_file_names():
+    from commgym.experiments.config import load_run_config
+
+    cfg = load_run_config("link-lottery").env_config
+    sim = SimEnv(_calibration(), _env_cfg(network=cfg.network))
+    drawn = []
+    for seed in range(1000, 1006):
+        drawn.append(sim.reset(seed=seed)[1]["network"])
+    assert drawn == ["10mbit", "10gbit", "10mbit", "10gbit", "10gbit", "10gbit"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"stragglers": "40ms"}, "straggler"),
+        ({"target_loss": 0.1}, "below the calibrated"),
+        ({"lr": 0.05}, "another setting"),
+        ({"network": "10mbit:5ms"}, "delay, jitter or loss"),
+        ({"action_menu": {**MENU, "bucket_mb": [1.0]}}, "several buckets|not calibrated"),
+    ],
+)
+def test_what_it_cannot_model_is_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        SimEnv(_calibration(), _env_cfg(**{**{"network_strict": False}, **kw}))
+
+
+# -- the simulator's oracles -------------------------------------------------------------
+def test_oracles_in_the_simulator():
+    cfg = _env_cfg(
+        network={"schedule": [[0, "10gbit"], [4, "10mbit"], [6.4, "10gbit"]], "shift_s": 0.5}
+    )
+    with pytest.warns(UserWarning):
+        env = SimEnv(_calibration(), cfg)
+    model = env.model
+    seeds = [1000, 1001]
+    ranking = static_ranking(model, cfg, seeds)
+    assert [r.rank_key() for r in ranking] == sorted(r.rank_key() for r in ranking)
+    # the simulate() path is the env's: a static episode in the env ends at the same time
+    k = model.entries.index(ranking[0].config)
+    env.reset(seed=seeds[0], options={"probe": False})
+    a = np.array(np.unravel_index(k, tuple(env.menu.nvec)))
+    while True:
+        _, _, term, trunc, info = env.step(a)
+        if term or trunc:
+            break
+    assert info["train_time_s"] == pytest.approx(simulate(model, cfg, seeds[0], [(0.0, k)])[0])
+    ad = adaptive_times(model, cfg, seeds, ranking)
+    for i, t in enumerate(ad):
+        assert t is not None and t <= ranking[0].times_s[i] + 1e-9
+    # a fixed link has one phase: the best schedule is the best static entry of that seed
+    fixed = _env_cfg(network="10mbit", time_budget_s=120.0)
+    best = min(simulate(model, fixed, 5, [(0.0, j)])[0] or math.inf for j in range(4))
+    assert math.isfinite(best)
+    assert best_schedule_time(model, fixed, 5) == pytest.approx(best)
