@@ -1,6 +1,7 @@
-"""README.md is a contract: every command it shows runs, small, as a newcomer runs it.
+"""README.md and docs/ are a contract: every command they show runs, small, as a newcomer runs it.
 
-The commands come from the README text itself and the table of how each is run is
+The commands come from the pages themselves (README.md, then docs/*.md) and the table of how
+each is run is
 :data:`tests.experiments.readme_commands.COMMANDS` (see that module). Commands that feed each
 other (``commgym train`` leaves the policy that ``commgym evaluate --policy
 commgym-out/policy.zip`` reads) run one after another in README order in one working folder;
@@ -240,10 +241,19 @@ def test_every_readme_and_help_command_is_in_the_table():
     missing = [c for c in shown if c not in COMMANDS]
     stale = [k for k in COMMANDS if k not in shown]
     assert not missing, (
-        "README.md or a --help text shows commands that tests/experiments/readme_commands.py "
+        "README.md, docs/ or a --help text shows commands that tests/experiments/readme_commands.py "
         f"does not say how to run (add a row to COMMANDS): {missing}"
     )
-    assert not stale, f"COMMANDS rows the README no longer shows (remove them): {stale}"
+    assert not stale, f"COMMANDS rows README.md and docs/ no longer show (remove them): {stale}"
+
+
+def test_the_readmes_test_command_is_the_one_ci_runs():
+    """README's second set-up command and .ci/run's test line are the same text."""
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    at = next(i for i, line in enumerate(ci) if "README test command" in line)
+    command = ci[at + 1].strip()
+    assert command == 'pip install torch==2.13.0 -e ".[dev,kernels]" && python -m pytest'
+    assert f"```bash\n{command}\n```" in (REPO / "README.md").read_text()
 
 
 def test_a_new_readme_command_fails_the_table_check():
@@ -276,7 +286,7 @@ def test_every_python_snippet_is_run_or_has_a_twin():
     snippets = python_snippets()
     for code in snippets:
         keys = [k for k in SNIPPETS if k in code]
-        assert len(keys) == 1, f"README python block without one SNIPPETS key: {code[:200]}"
+        assert len(keys) == 1, f"python block without one SNIPPETS key: {code[:200]}"
     assert len(snippets) == len(SNIPPETS)
 
 
@@ -417,15 +427,16 @@ def test_scheduler_snippet_twin_follows_it():
         assert -1 not in at and at == sorted(at), (name, dict(zip(order, at, strict=True)))
 
 
-def test_the_readmes_agent_list_is_the_registry_and_each_is_trained():
-    """`--agent` "takes every agent of the registry (...)": the list is the registry's, and
+def test_the_docs_agent_list_is_the_registry_and_each_is_trained():
+    """`--agent` "takes every agent of the registry (...)" (docs/quickstart.md): the list is the
+    registry's, and
     tests/experiments/test_agents_train.py trains each of them through `train`."""
     from commgym.agents import AGENTS
     from tests.experiments.test_agents_train import NAMES
 
-    text = " ".join((REPO / "README.md").read_text().split())
+    text = " ".join((REPO / "docs" / "quickstart.md").read_text().split())
     claim = re.search(r"takes every agent of the registry \((.*?)\), or `--config", text)
-    assert claim, "README: the list of what `commgym train --agent` takes is gone"
+    assert claim, "docs/quickstart.md: the list of what `commgym train --agent` takes is gone"
     listed = [s.split(":", 1)[0] for s in re.findall(r"`([^`]+)`", claim[1])]
     assert len(listed) == len(set(listed)) and set(listed) == set(AGENTS), sorted(
         set(listed) ^ set(AGENTS)
