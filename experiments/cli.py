@@ -662,6 +662,34 @@ def headroom_bound_cmd(conditions: str, shares: str | None = None, per_job: bool
     typer.echo("\n".join(lines))
 
 
+#: ``commgym pool``'s options.
+POOL_OPTIONS = {
+    "runs": CliField(
+        "Comma-separated leaderboard --output-dir folders (or leaderboard-<scenario>.csv "
+        "files), one per invocation of the same scenario and agents."
+    ),
+    "scenario": CliField("The scenario to read where a folder holds several.", show_default=False),
+}
+
+
+@app.command("pool")
+@own_options(POOL_OPTIONS)
+def pool_cmd(runs: str, scenario: str | None = None) -> None:
+    """Report a leaderboard scenario run in several invocations: each, and pooled.
+
+    Every (invocation, seed) pair is one paired unit of the pooled test
+    (:mod:`commgym.experiments.pooling`); run the invocations on other seeds with
+    ``--eval-seed``.
+    """
+    from commgym.experiments.pooling import pool, pool_lines, read_invocation
+
+    try:
+        report = pool([read_invocation(r, scenario) for r in comma_list(runs)])
+    except (ValueError, FileNotFoundError) as err:
+        fail(err)
+    typer.echo("\n".join(pool_lines(report)))
+
+
 #: Config options ``commgym leaderboard`` applies to every scenario it runs.
 LEADERBOARD_OPTIONS: tuple[str, ...] = (
     "eval_seed",
