@@ -824,5 +824,10 @@ def main() -> None:
         raise
 
 
+# the simulator's commands (calibrate-sim, bench sim) live in their own module
+from commgym.experiments.sim_cli import register as _register_sim  # noqa: E402
+
+_register_sim(app)
+
 if __name__ == "__main__":
     main()

@@ -16,8 +16,11 @@ The time of one exchange (``m`` collectives issued back to back) is::
 fitted on unshaped loopback; ``alpha_R`` and the efficiency ``eta_R`` (>= 1 where headers
 and the veth path cost rate, TCP's framing ~1.04) are fitted per *recorded* rate from
 timed all-reduces and all-gathers (:func:`fit_wire`). A rate never recorded takes
-``alpha`` and ``eta`` interpolated in ``log(R)`` between the recorded rates (clamped at the
-ends); its burst and ``8 / R`` are exact. The burst is credited once per exchange: between
+``alpha`` interpolated in ``log(R)`` between the recorded rates and the per-byte cost of
+:meth:`WireModel.per_byte_s` (serialisation at the recorded framing, bounded below by the
+ceiling a faster recorded link showed: on this host the 10 Gbit/s veth path is CPU-bound
+far below its configured rate, so ``eta`` there measures the host, not the framing); its
+burst and ``8 / R`` are exact. The burst is credited once per exchange: between
 two exchanges of a training step the bucket refills during compute (15 KB refill in 12 ms
 at 10 Mbit/s, shorter than any step here).
 
@@ -92,20 +95,33 @@ class WireModel:
     links: dict[int, dict[str, LinkFit]] = field(default_factory=dict)
     mtu: int = 1500
 
-    def _interp(self, kind: str, rate_bit_s: float) -> LinkFit:
-        if not self.links:
-            return LinkFit(self.loop_alpha_s[kind], 1.0)
+    def _alpha(self, kind: str, rate_bit_s: float) -> float:
+        """Latency at a rate: the recorded one's, else interpolated in ``log R`` (clamped)."""
         rates = sorted(self.links)
-        x = math.log(rate_bit_s)
+        if not rates:
+            return self.loop_alpha_s[kind]
         xs = [math.log(r) for r in rates]
-        if x <= xs[0]:
-            return self.links[rates[0]][kind]
-        if x >= xs[-1]:
-            return self.links[rates[-1]][kind]
-        i = int(np.searchsorted(xs, x)) - 1
-        f = (x - xs[i]) / (xs[i + 1] - xs[i])
-        a, b = self.links[rates[i]][kind], self.links[rates[i + 1]][kind]
-        return LinkFit(a.alpha_s + f * (b.alpha_s - a.alpha_s), a.eta + f * (b.eta - a.eta))
+        ys = [self.links[r][kind].alpha_s for r in rates]
+        return float(np.interp(math.log(rate_bit_s), xs, ys))
+
+    def per_byte_s(self, kind: str, rate_bit_s: float) -> float:
+        """Wire seconds per uplink byte beyond the burst at rate ``R`` (see the module docstring).
+
+        A recorded rate: its fitted ``eta * 8 / R``. A rate never recorded: ``max(eta_min *
+        8 / R, c_ceil)``, the serialisation time at the least inefficient recorded
+        framing, never below ``c_ceil``, the per-byte cost of the slowest recorded rate at
+        or above ``R`` (a host or veth ceiling: a slower link is never faster than a faster
+        one measured on the same host; the fastest recorded rate's cost above all of them).
+        """
+        r = int(rate_bit_s)
+        if r in self.links:
+            return self.links[r][kind].eta * 8 / rate_bit_s
+        if not self.links:
+            return 8 / rate_bit_s
+        eta_min = min(f[kind].eta for f in self.links.values())
+        above = [x for x in sorted(self.links) if x >= r] or [max(self.links)]
+        ceil = self.links[above[0]][kind].eta * 8 / above[0]
+        return max(eta_min * 8 / rate_bit_s, ceil)
 
     def recorded(self, rate_bit_s: float | None) -> bool:
         """Whether ``rate_bit_s`` was timed in the calibration (``None``: loopback, always)."""
@@ -131,9 +147,12 @@ class WireModel:
             return collectives * self.loop_alpha_s[kind] + host
         if not rate_bit_s > 0:
             raise ValueError(f"link rate must be > 0 bit/s, got {rate_bit_s!r}")
-        fit = self._interp(kind, float(rate_bit_s))
         burst = tbf_burst_bytes(rate_bit_s, self.mtu)
-        return collectives * fit.alpha_s + host + fit.eta * max(0.0, u - burst) * 8 / rate_bit_s
+        return (
+            collectives * self._alpha(kind, float(rate_bit_s))
+            + host
+            + max(0.0, u - burst) * self.per_byte_s(kind, float(rate_bit_s))
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (JSON)."""

@@ -129,16 +129,19 @@ def test_wire_fit_recovers_alpha_and_efficiency():
             )
 
 
-def test_an_unrecorded_rate_interpolates_in_log_rate():
+def test_an_unrecorded_rate_is_serialisation_bounded_by_a_faster_links_ceiling():
     wire = WireModel(
         W,
         links={
-            10**7: {k: LinkFit(1e-3, 1.0) for k in ("allreduce", "allgather")},
-            10**9: {k: LinkFit(3e-3, 2.0) for k in ("allreduce", "allgather")},
+            10**7: {k: LinkFit(1e-3, 1.1) for k in ("allreduce", "allgather")},
+            10**10: {k: LinkFit(3e-3, 20.0) for k in ("allreduce", "allgather")},  # CPU-bound
         },
     )
-    mid = wire._interp("allreduce", 10**8)
-    assert (mid.alpha_s, mid.eta) == pytest.approx((2e-3, 1.5))
+    assert wire._alpha("allreduce", 10**8) == pytest.approx(1e-3 + 2e-3 / 3)
+    # 100 Mbit/s: serialisation at the recorded framing (1.1), above the 10 Gbit/s ceiling
+    assert wire.per_byte_s("allreduce", 10**8) == pytest.approx(1.1 * 8 / 10**8)
+    # 5 Gbit/s: the 10 Gbit/s link's measured cost per byte is the floor
+    assert wire.per_byte_s("allreduce", 5 * 10**9) == pytest.approx(20.0 * 8 / 10**10)
     assert not wire.recorded(10**8) and wire.recorded(10**7) and wire.recorded(None)
     assert ring_uplink_bytes("allgather", 100, 4) == 300
 

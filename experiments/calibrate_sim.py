@@ -1,0 +1,316 @@
+"""``commgym calibrate-sim``: measure the simulator's parts on real ranks, once per workload.
+
+What runs (all on this machine, :mod:`commgym.env.sim` says what each part is):
+
+1. the codec of every compression on the menu, by the kernels, on the workload's bucket;
+2. one static episode per menu entry and calibration seed on **unshaped** loopback ranks
+   (this world size, threads, shards, learning rate), down to ``target_loss`` (default 0.9x
+   the scenario's, so the curves cover its crossing): decision times, compute, bytes and
+   the held-out loss curves;
+3. ``switch_episodes`` episodes that switch entries at random (held 1-3 decisions), whose
+   losses fit the progress a switch costs;
+4. timed all-reduces and all-gathers on loopback and on every link rate the scenario's
+   plan can put in force (emulated, one namespace per rank), for the wire fit.
+
+Every episode goes through THE rollout (:func:`~commgym.agents.rollout.rollout`). Seeds
+are far from the evaluation seeds (``900_000`` on), so the fidelity gates are held out.
+One progress bar over the whole calibration shows the time left.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import subprocess
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = ["CALIBRATION_SEEDS", "calibrate_sim", "default_calibration_path"]
+
+#: ``env.reset`` seeds of the calibration's static episodes (never evaluation seeds).
+CALIBRATION_SEEDS: tuple[int, ...] = (900_001, 900_002)
+
+#: Payload sizes per rank of the wire benchmark, B (those whose ring transfer would take
+#: more than ~2 s on a link are skipped there).
+WIRE_SIZES = (4096, 16384, 65536, 262144, 1048576, 4505600)
+
+
+def default_calibration_path(env_cfg: Any, root: str | os.PathLike[str] = ".") -> Path:
+    """Where a workload setting's calibration lives by default (one file per setting).
+
+    ``<root>/sim-calibration/<workload>-W<world>-<shards>-lr<lr>-K<steps>.json``.
+    """
+    from commgym.env.sim import workload_key
+
+    k = workload_key(env_cfg)
+    name = (
+        f"{k['workload']}-W{k['world_size']}-t{k['threads_per_rank']}-{k['shards']}"
+        f"-lr{k['lr']:g}-b{k['batch_size']}-K{k['steps_per_decision']}".replace(":", "_")
+    )
+    return Path(root) / "sim-calibration" / f"{name}.json"
+
+
+class _ResetInfo(gym.Wrapper):
+    """Keeps the last reset's ``info`` (the curve's first point: the reset's held-out loss)."""
+
+    def reset(self, **kwargs: Any):
+        obs, info = self.env.reset(**kwargs)
+        self.last_reset_info = info
+        return obs, info
+
+
+class _RandomSwitcher:
+    """Plays a seeded random entry, held 1-3 decisions: episodes that switch (the penalty fit)."""
+
+    reads_probe = False
+
+    def __init__(self, menu: Any, seed: int) -> None:
+        self.menu = menu
+        self.rng = np.random.default_rng(seed)
+        self.left = 0
+        self.action = menu.default_action()
+
+    def predict(self, obs: Any, state: Any = None, episode_start: Any = None, deterministic=True):
+        if self.left <= 0:
+            self.action = np.array(
+                [int(self.rng.integers(0, n)) for n in self.menu.nvec], dtype=np.int64
+            )
+            self.left = int(self.rng.integers(1, 4))
+        self.left -= 1
+        return self.action.copy(), state
+
+
+def _git_commit() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        return subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _bench_wire(
+    world_size: int, rates: Sequence[int | None], repeats: int, advance: Callable[[], None]
+) -> list[tuple[str, int | None, float, float]]:
+    """Timed all-reduces and all-gathers per rate: ``(kind, rate, bytes per rank, s)`` rows."""
+    from commgym.env.cluster import Cluster, LaunchConfig
+    from commgym.env.net import EmulatedNetwork, NetworkSpec
+
+    rows: list[tuple[str, int | None, float, float]] = []
+    for rate in rates:
+        net = None
+        if rate is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                net = EmulatedNetwork(world_size, NetworkSpec(int(rate)), strict=False)
+        cluster = Cluster(world_size, LaunchConfig(timeout_s=600), network=net)
+        try:
+            cluster.start()
+            for kind in ("allreduce", "allgather"):
+                factor = (
+                    2 * (world_size - 1) / world_size if kind == "allreduce" else world_size - 1
+                )
+                sizes = [n for n in WIRE_SIZES if rate is None or n * factor * 8 / rate <= 2.0]
+                # the all-gather bench takes the gathered total
+                asked = [n if kind == "allreduce" else n * world_size for n in sizes]
+                secs = cluster.command(
+                    {"cmd": f"{kind}_bench", "sizes_bytes": asked, "repeats": repeats},
+                    timeout_s=1800,
+                )[0]["seconds"]
+                for n, a in zip(sizes, asked, strict=True):
+                    rows.append((kind, rate, float(n), float(secs[str(int(a))])))
+        finally:
+            cluster.close()
+            if net is not None:
+                net.close()
+        advance()
+    return rows
+
+
+def calibrate_sim(
+    env_cfg: Any,
+    out: str | os.PathLike[str],
+    *,
+    seeds: Sequence[int] = CALIBRATION_SEEDS,
+    target_loss: float | None = None,
+    budget_s: float = 60.0,
+    switch_episodes: int = 2,
+    rates: Sequence[int] | None = None,
+    repeats: int = 3,
+    progress: Callable[[str, int], Any] | None = None,
+) -> Any:
+    """Measure every part of the simulator for ``env_cfg``'s workload setting and menu.
+
+    Args:
+        env_cfg: the scenario's ``EnvConfig`` (its workload setting, menu, target and the
+            link rates its plan can put in force are read; its network is not used for
+            the episodes, which run unshaped).
+        out: where to write the calibration (JSON).
+        seeds: ``env.reset`` seeds of the static episodes.
+        target_loss: the episodes' target (default: 0.9x the scenario's).
+        budget_s: training-time budget of each calibration episode, s.
+        switch_episodes: random-switch episodes for the switch penalty (0: none, penalty 0).
+        rates: link rates (bit/s) to time the wire on (default: the plan's); loopback always.
+        repeats: timed repetitions per collective size.
+        progress: ``progress(description, total) -> context manager yielding advance``
+            (:func:`commgym.experiments.progress.phase`); ``None``: silent.
+
+    Returns:
+        The written :class:`~commgym.env.sim.Calibration`.
+
+    Raises:
+        ValueError: a scenario without ``target_loss`` and no ``target_loss`` given, or a
+            menu bucket smaller than the model (the simulator models one bucket).
+    """
+    import contextlib
+
+    from commgym.agents.baselines import StaticAgent
+    from commgym.agents.rollout import rollout
+    from commgym.env import AllReduceEnv, EnvConfig
+    from commgym.env.measure import measurement_from_info  # noqa: F401 - the record's reader
+    from commgym.env.sim import (
+        Calibration,
+        EntryCalibration,
+        fit_switch_penalty,
+        fit_wire,
+        measure_codec,
+        workload_key,
+    )
+    from commgym.env.workloads import get_workload
+
+    target = target_loss if target_loss is not None else env_cfg.target_loss
+    if target is None:
+        raise ValueError("calibrate-sim needs a target loss (the scenario's or --target-loss)")
+    if target_loss is None:
+        target = 0.9 * float(target)
+    t_start = time.perf_counter()
+    load_before = os.getloadavg()
+    menu = env_cfg.menu
+    wl = get_workload(env_cfg.workload)
+    model = wl.build_model()
+    shapes = [list(p.shape) for p in reversed(list(model.parameters()))]
+    num_params = sum(p.numel() for p in model.parameters())
+    opt_buffers = 1 if getattr(wl, "optimizer", "sgd") == "sgd" else 2
+    entries = [str(menu.decode(np.array(a))) for a in np.ndindex(*tuple(int(n) for n in menu.nvec))]
+    if rates is None:
+        rates = sorted({int(s.rate_bit_s) for s in env_cfg.network_plan.specs})
+    units = len(entries) * len(seeds) + switch_episodes + len(rates) + 1 + 1
+    ctx = progress("calibrating the simulator on real ranks", units) if progress else None
+    with ctx if ctx is not None else contextlib.nullcontext(lambda *_: None) as advance:
+        codec = {
+            spec: measure_codec(spec, shapes, env_cfg.world_size, threads=env_cfg.threads_per_rank)
+            for spec in menu.compression
+        }
+        advance()
+        d = env_cfg.to_dict()
+        d.update(
+            network=None,
+            time_budget_s=float(budget_s),
+            target_loss=float(target),
+            reward="time_to_target",
+            probe_bytes=0,
+            max_decisions=None,
+            stragglers=None,
+            cross_traffic=None,
+        )
+        real = EnvConfig(**d)
+        env = _ResetInfo(AllReduceEnv(real))
+        decisions = 0
+        per_entry: dict[str, list[Any]] = {e: [] for e in entries}
+        curves: dict[str, list[list[float]]] = {e: [] for e in entries}
+        acc_rows: list[list[float]] = []
+        switch_eps: list[tuple[list[str], list[float]]] = []
+        try:
+            for seed in seeds:
+                for entry in entries:
+                    ep = rollout(env, StaticAgent(env, preset=entry), seed, target_loss=target)
+                    decisions += ep.decisions
+                    l0 = float(env.last_reset_info["eval_loss"])
+                    curves[entry].append([l0] + [float(s.measured.eval_loss) for s in ep.steps])
+                    per_entry[entry].extend(
+                        (s.measured, prev) for s, prev in zip(ep.steps[1:], ep.steps, strict=False)
+                    )
+                    acc_rows.extend(
+                        [float(s.measured.eval_loss), float(s.measured.eval_acc)] for s in ep.steps
+                    )
+                    advance()
+            for i in range(switch_episodes):
+                agent = _RandomSwitcher(menu, 7_000 + i)
+                ep = rollout(env, agent, 910_001 + i, target_loss=target)
+                decisions += ep.decisions
+                l0 = float(env.last_reset_info["eval_loss"])
+                switch_eps.append(
+                    (
+                        [s.config for s in ep.steps],
+                        [l0] + [float(s.measured.eval_loss) for s in ep.steps],
+                    )
+                )
+                advance()
+        finally:
+            env.close()
+        rows = _bench_wire(env_cfg.world_size, [None, *rates], repeats, advance)
+        wire = fit_wire(rows, env_cfg.world_size)
+        ents = {}
+        for e in entries:
+            ms = [m for m, _ in per_entry[e]]
+            prevs = [p.measured for _, p in per_entry[e]]
+            errs = [m.compression_error for m in ms if m.compression_error is not None]
+            ents[e] = EntryCalibration(
+                train_s=float(np.median([m.train_time_s - m.probe_s for m in ms])),
+                step_s=float(np.median([m.step_time_s for m in ms])),
+                compute_s=float(np.median([m.compute_s for m in ms])),
+                compress_s=float(np.median([m.compress_s for m in ms])),
+                bytes_total=float(np.median([m.bytes_total for m in ms])),
+                train_loss_ratio=float(
+                    np.median([m.train_loss / p.eval_loss for m, p in zip(ms, prevs, strict=True)])
+                ),
+                log10_grad_norm=float(np.median([np.log10(max(m.grad_norm, 1e-30)) for m in ms])),
+                compression_error=float(np.median(errs)) if errs else 0.0,
+                decisions=len(ms),
+                curves=curves[e],
+            )
+        penalty, rms = (
+            fit_switch_penalty(curves, switch_eps, target) if switch_eps else (0.0, float("nan"))
+        )
+        advance()
+    acc_rows = sorted(r for r in acc_rows if np.isfinite(r[0]) and np.isfinite(r[1]))
+    cal = Calibration(
+        key=workload_key(env_cfg),
+        menu=menu.to_dict(),
+        num_params=int(num_params),
+        param_shapes=shapes,
+        optimizer_state_bytes=int(4 * num_params * opt_buffers),
+        target_loss=float(target),
+        entries=ents,
+        codec=codec,
+        wire=wire,
+        switch_penalty=penalty,
+        switch_rms=rms,
+        eval_acc=acc_rows,
+        meta={
+            "real_s": time.perf_counter() - t_start,
+            "real_decisions": decisions,
+            "seeds": list(seeds),
+            "switch_episodes": switch_episodes,
+            "rates_bit_s": list(rates),
+            "wire_samples": [list(r) for r in rows],
+            "load_before": list(load_before),
+            "load_after": list(os.getloadavg()),
+            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "commit": _git_commit(),
+            "host_cpus": os.cpu_count(),
+        },
+    )
+    cal.save(out)
+    return cal

@@ -1,0 +1,117 @@
+"""``commgym calibrate-sim`` and ``commgym bench sim``: the simulator's two commands.
+
+Registered on the main app and the ``bench`` group when :mod:`commgym.experiments.cli`
+imports this module (after both exist).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from commgym.experiments.bench.commands import bench_app
+from commgym.experiments.cli_options import RegistryHelpCommand, comma_list, fail, own_options
+from commgym.experiments.config import CliField
+
+__all__ = ["register"]
+
+_SCENARIO = CliField("Scenario: a YAML file or a shipped name ({configs}).")
+_CALIBRATION = CliField(
+    "Calibration JSON (default: sim-calibration/<workload setting>.json under the cwd)."
+)
+
+CALIBRATE_OPTIONS = {
+    "config": _SCENARIO,
+    "out": _CALIBRATION,
+    "seeds": CliField("Comma-separated reset seeds of the static calibration episodes."),
+    "target_loss": CliField(
+        "Held-out loss the episodes run down to (default: 0.9x the scenario's)."
+    ),
+    "budget_s": CliField("Training-time budget of each calibration episode, s.", min=1),
+    "switch_episodes": CliField("Random-switch episodes (the switch penalty's fit).", min=0),
+    "rates": CliField("Comma-separated link rates to time the wire on (default: the plan's)."),
+}
+
+GATES_OPTIONS = {
+    "scenario": _SCENARIO,
+    "calibration": _CALIBRATION,
+    "seeds": CliField("Comma-separated held-out evaluation seeds."),
+    "real": CliField("Cache of the real reference runs (JSON; reused across invocations)."),
+    "holdout_rate": CliField("A link rate the calibration never recorded (step-time gate)."),
+    "run_real": CliField(
+        "Run the real reference runs the cache lacks.", flag="--run-real/--cached-only"
+    ),
+    "json_path": CliField("Also write results as JSON here.", flag="--json"),
+}
+
+
+def _calibration_path(path: str | None, env_cfg: object) -> str:
+    from commgym.experiments.calibrate_sim import default_calibration_path
+
+    return path or str(default_calibration_path(env_cfg))
+
+
+@bench_app.command("sim", cls=RegistryHelpCommand)
+@own_options(GATES_OPTIONS)
+def bench_sim_cmd(
+    scenario: str = "flaky-link",
+    calibration: str | None = None,
+    seeds: str = "1000,1001,1002,1003",
+    real: str = "sim-calibration/real-reference.json",
+    holdout_rate: str = "100mbit",
+    run_real: bool = True,
+    json_path: str | None = None,
+) -> None:
+    """Fidelity gates of commgym/Sim-v1 against real ranks (ranking, headroom, step time)."""
+    from commgym.experiments.bench.sim import run_sim_gates
+    from commgym.experiments.config import load_run_config
+
+    try:
+        env_cfg = load_run_config(scenario).env_config
+        run_sim_gates(
+            scenario, _calibration_path(calibration, env_cfg), seeds=comma_list(seeds, int),
+            real=real, holdout_rate=holdout_rate, run_real=run_real, json_path=json_path,
+        )  # fmt: skip
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        fail(err)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``calibrate-sim`` to ``app`` (``bench sim`` is on the bench group already)."""
+
+    @app.command("calibrate-sim", cls=RegistryHelpCommand)
+    @own_options(CALIBRATE_OPTIONS)
+    def calibrate_sim_cmd(
+        config: str = "flaky-link",
+        out: str | None = None,
+        seeds: str = "900001,900002",
+        target_loss: float | None = None,
+        budget_s: float = 60.0,
+        switch_episodes: int = 2,
+        rates: str | None = None,
+    ) -> None:
+        """Measure the simulator's parts on real ranks (one calibration per workload setting)."""
+        from commgym.env.net import NetworkSpec
+        from commgym.experiments.calibrate_sim import calibrate_sim
+        from commgym.experiments.config import load_run_config
+        from commgym.experiments.progress import console, phase
+
+        try:
+            env_cfg = load_run_config(config).env_config
+            path = _calibration_path(out, env_cfg)
+            cal = calibrate_sim(
+                env_cfg, path, seeds=comma_list(seeds, int), target_loss=target_loss,
+                budget_s=budget_s, switch_episodes=switch_episodes,
+                rates=None if rates is None else [
+                    NetworkSpec.parse(r).rate_bit_s for r in comma_list(rates)
+                ],
+                progress=phase,
+            )  # fmt: skip
+        except (ValueError, FileNotFoundError, RuntimeError) as err:
+            fail(err)
+        m = cal.meta
+        console.print(
+            f"calibration of {cal.key['workload']} (W={cal.key['world_size']}, "
+            f"{cal.key['shards']}) -> {path}: {m['real_s']:.0f} s of real ranks, "
+            f"{m['real_decisions']} decisions, switch penalty {cal.switch_penalty:.2f} "
+            f"(load {m['load_before'][0]:.2f} -> {m['load_after'][0]:.2f})"
+        )
