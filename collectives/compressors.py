@@ -265,6 +265,11 @@ class Compressor(ABC):
     uses_error_feedback: ClassVar[bool] = False
     #: Whether a NaN/inf anywhere in any rank's input always reaches every rank's output.
     propagates_nonfinite: ClassVar[bool] = True
+    #: Whether the decoded mean is exactly zero wherever every rank's input was zero and
+    #: non-zero only where some rank's input was (no state carried between steps, no
+    #: error feedback). The synchronizer then reads unused parameters off the result and
+    #: exchanges a used-parameter map only when some parameter's result is all zero.
+    exact_zeros: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -372,6 +377,7 @@ class NoneCompressor(Compressor):
 
     name = "none"
     summable = True
+    exact_zeros = True
 
     def compress(self, flat, layout, residual):  # noqa: D102
         return [flat], None
@@ -395,6 +401,7 @@ class _HalfCompressor(Compressor):
     """
 
     summable = True
+    exact_zeros = True
     wire_dtype: ClassVar[torch.dtype]
 
     def compress(self, flat, layout, residual):

@@ -17,8 +17,10 @@ class StepStats:
     Attributes:
         step: 0-based count of ``synchronize()`` calls since the last (re)configuration.
         bytes_sent: bytes of the tensors this rank handed to collectives for this step
-            (payload inputs of all-reduce/all-gather plus the control all-reduce: a
-            non-finite count and a used count per parameter, int32); 0 on a local-SGD step.
+            (payload inputs of all-reduce/all-gather, the control word riding at the end
+            of the last bucket's payload included, and the used-flag all-reduce on a
+            step where ``none``/``fp16``/``bf16`` must ask; see
+            ``GradientSynchronizer.control_bytes``); 0 on a local-SGD step.
             Instrumentation traffic (the exact reference used for ``compression_error``)
             is not counted.
         compute_s: forward + backward time not spent compressing (from the model's first

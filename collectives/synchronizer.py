@@ -27,7 +27,14 @@ from commgym.collectives.bucketing import BucketPlan
 from commgym.collectives.compressors import Compressor, make_compressor
 from commgym.collectives.config import CommConfig
 from commgym.collectives.errors import CollectiveTimeout
-from commgym.collectives.exchange import all_gather_flat, decode, issue
+from commgym.collectives.exchange import (
+    CarriedControl,
+    all_gather_flat,
+    attach_control,
+    decode,
+    detach_control,
+    issue,
+)
 from commgym.collectives.residual import ResidualMemory
 from commgym.collectives.stats import AveragingStats, StepStats
 
@@ -152,6 +159,8 @@ class _Inflight:
     ctx: Any
     works: list[Any]
     gathered: list[torch.Tensor]
+    #: the control word rides in this exchange (the last bucket's first round)
+    carried: CarriedControl | None = None
 
 
 @dataclass
@@ -166,8 +175,11 @@ class _StepState:
     #: per parameter, at its gradient hook: (param version, grad tensor, grad version);
     #: a change before synchronize() means the optimizer or clipping ran too early
     versions: dict[int, tuple[int, torch.Tensor, int]] = field(default_factory=dict)
-    #: the control all-reduce in flight: (tensor, work)
-    control: tuple[torch.Tensor, Any] | None = None
+    #: the control word summed over ranks (int64: [non-finite, used per parameter]),
+    #: once the exchange that carried it finished
+    word: torch.Tensor | None = None
+    #: bytes the control word added to this step's collectives
+    control_bytes: int = 0
     #: per launched bucket: its buffer's version counter after launch
     bucket_versions: dict[int, int] = field(default_factory=dict)
     next_launch: int = 0
@@ -228,6 +240,13 @@ class GradientSynchronizer:
     * a non-finite gradient on any rank makes the synchronised gradient non-finite on
       every rank, for every compressor (top-k / random-k buckets are filled with NaN
       then), so ``torch.amp.GradScaler`` skips the step on every rank.
+
+    It issues no collective per step beyond the buckets' own (DDP with
+    ``find_unused_parameters=True`` all-reduces its used-parameter map every step): the
+    control word (non-finite flag, used-parameter map) rides at the end of the last
+    bucket's payload, exact under every compressor; ``none``, ``fp16`` and ``bf16`` read
+    unused parameters off the synchronised result instead and all-reduce used flags only
+    on a step where some parameter's result is all zero (see :attr:`control_bytes`).
 
     Misuse raises on every rank instead of letting replicas drift: ranks constructed
     or reconfigured with different configurations or seeds (checked at construction and
@@ -318,6 +337,9 @@ class GradientSynchronizer:
         self._compressor: Compressor | None = None
         self._err_ref: dict[int, torch.Tensor] = {}
         self._gather_bufs: dict[tuple[int, int, int], torch.Tensor] = {}
+        # per bucket: flat offsets of its parameters' first elements and their indices
+        self._probes: list[tuple[torch.Tensor, list[int]]] | None = None
+        self._control_bytes = 0
         self._no_sync = False
         # DDP's require_forward_param_sync: buffers are broadcast before a forward when
         # the previous forward was a synchronising training forward (or there was none)
@@ -397,6 +419,7 @@ class GradientSynchronizer:
                 self._detach_grads(old_plan)
             self._err_ref.clear()
             self._gather_bufs.clear()
+            self._probes = None
         self._config = config
         self._compressor = make_compressor(
             config.compression,
@@ -616,15 +639,6 @@ class GradientSynchronizer:
             st.pending[b] = 0
             self._launch(b, in_hook=in_hook)
         st.next_launch = len(plan)
-        if st.control is None:
-            # one control all-reduce right after the buckets, as DDP all-reduces its
-            # used-parameter map at the end of backward: [non-finite count, used per param]
-            ctl = torch.tensor([0, *st.used], dtype=torch.int32, device=self._ctl_device)
-            if st.nonfinite_local is not None:
-                ctl[:1].add_(st.nonfinite_local.to(ctl.device))
-            st.control = (ctl, dist.all_reduce(ctl, group=self.group, async_op=True))
-            st.bytes_sent += ctl.numel() * ctl.element_size()
-            st.collectives += 1
 
     def _launch_ready(self) -> None:
         st = self._state
@@ -660,13 +674,48 @@ class GradientSynchronizer:
         if self.config.error_feedback and comp.uses_error_feedback and flat.numel():
             residual = self._residuals.get(layout.key, flat)
         payload, ctx = comp.compress(flat, layout, residual)
+        carried = None
+        if b == len(plan) - 1 and not self._infers_unused:
+            # the last bucket launches once every gradient of this backward is in (or at
+            # its end), so the word is final: it rides in this bucket's exchange
+            payload, carried = attach_control(payload, self._word(), self._gather_bufs, b)
+            nbytes = carried.words * (
+                4 if carried.source is None else payload[carried.index].element_size()
+            )
+            st.control_bytes = nbytes
         t1 = self._clock.mark()
         st.compress_spans.append((t0, t1))
         if in_hook:
             st.hook_compress_spans += 1
         works, gathered = self._issue(b, 0, payload)
-        st.inflight[b] = _Inflight(0, payload, ctx, works, gathered)
+        st.inflight[b] = _Inflight(0, payload, ctx, works, gathered, carried)
         st.bucket_versions[b] = flat._version
+
+    @property
+    def _infers_unused(self) -> bool:
+        """Unused parameters are read off the result (no control word in the exchange).
+
+        Possible where the compressor keeps zeros exact and lets a non-finite value reach
+        every rank (``none``, ``fp16``, ``bf16``): the result is then identical on every
+        rank, a parameter with a non-zero result was used somewhere, and only one whose
+        result is all zero needs asking (:meth:`_used_counts`). Appending a word to
+        ``none``'s fp32 bucket would also change where a ring all-reduce splits it, and
+        with it the order of each element's sum at three ranks or more: no longer DDP's
+        bits.
+        """
+        comp = self.compressor
+        return comp.exact_zeros and comp.propagates_nonfinite
+
+    def _word(self) -> torch.Tensor:
+        """This rank's control word: [non-finite (0/1), used per parameter (0/1), 0 pad]."""
+        st = self._state
+        n = 1 + len(self.params)
+        word = torch.zeros(-(-n // 4) * 4, dtype=torch.int32)
+        word[1:n] = torch.tensor(st.used, dtype=torch.int32)
+        word = word.to(self.params[0].device)
+        if st.nonfinite_local is not None:
+            word[:1].copy_(st.nonfinite_local.clamp(max=1))
+        return word
 
     def _issue(
         self, b: int, rnd: int, payload: list[torch.Tensor]
@@ -699,8 +748,15 @@ class GradientSynchronizer:
 
     @property
     def control_bytes(self) -> int:
-        """Bytes of the per-step control all-reduce (non-finite flag + used map, int32)."""
-        return 4 * (1 + len(self.params))
+        """Bytes the control word added to the last synchronising step's collectives.
+
+        The word (non-finite flag and used-parameter map) rides at the end of the last
+        bucket's payload in the payload's dtype, padded to 4 entries, for every
+        compressor except those whose result tells unused parameters apart (``none``,
+        ``fp16``, ``bf16``): those send it (int32, only the parameters whose result was
+        all zero) only on steps where some result was, and 0 bytes otherwise.
+        """
+        return self._control_bytes
 
     @torch.no_grad()
     def synchronize(self) -> StepStats:
@@ -709,9 +765,13 @@ class GradientSynchronizer:
         Call on every rank after ``backward()`` and before ``optimizer.step()``. Buckets
         whose parameters got no gradient this step (unused parameters) are sent as zeros;
         a parameter unused on every rank keeps its ``.grad`` (see the class docstring).
-        Besides the buckets, one small all-reduce (:attr:`control_bytes`) carries the
-        non-finite flag and which parameters each rank used. On a local-SGD step
-        (``sync_period > 1``) nothing is communicated.
+        No collective beyond the buckets' own: the non-finite flag and which parameters
+        each rank used ride at the end of the last bucket's payload
+        (:attr:`control_bytes`); for ``none``, ``fp16`` and ``bf16`` they are read off
+        the result, and a small all-reduce of used flags is issued only on a step where
+        some parameter's synchronised gradient is all zero (every rank sees the same
+        result and decides alike). On a local-SGD step (``sync_period > 1``) nothing is
+        communicated.
 
         Returns:
             The measured :class:`StepStats` of this rank (``nonfinite`` agrees on all ranks).
@@ -769,7 +829,6 @@ class GradientSynchronizer:
         misuse = self._misuse()
         comp = self.compressor
         self._launch_rest(in_hook=False)  # only when no backward ran on this rank
-        ctl, ctl_work = st.control
         if misuse:
             self._drain()
             raise RuntimeError(misuse)
@@ -782,6 +841,10 @@ class GradientSynchronizer:
                 w1 = clock.mark()
                 st.wait_spans.append((w0, w1))
                 c0 = clock.mark()
+                if inf.carried is not None:
+                    inf.gathered, st.word = detach_control(
+                        comp, inf.gathered, inf.carried, self.world_size
+                    )
                 if rnd + 1 < comp.rounds:
                     payload = comp.advance(rnd + 1, inf.gathered, inf.ctx)
                     c1 = clock.mark()
@@ -791,17 +854,17 @@ class GradientSynchronizer:
                     self._finish_bucket(b, inf)
                     c1 = clock.mark()
                 st.compress_spans.append((c0, c1))
-        w0 = clock.mark()
-        wait_work(ctl_work, self.timeout_s, "control all-reduce")
-        st.wait_spans.append((w0, clock.mark()))
-        ctl_host = ctl.tolist()
-        flagged = ctl_host[0] > 0
+        if st.word is not None:
+            word = st.word.tolist()
+            flagged, used = word[0] > 0, word[1 : 1 + len(self.params)]
+        else:
+            flagged, used = False, self._used_counts()
         if flagged and not comp.propagates_nonfinite:
             # the sampled payload may have dropped this rank's inf: make every rank's
             # gradient non-finite, as a plain all-reduce would, so GradScaler skips
             for buf in plan.buffers:
                 buf.fill_(math.nan)
-        self._write_grads(ctl_host[1:])
+        self._write_grads(used)
         t_end = clock.mark()
 
         # ---- outside the measured region: resolve timings and statistics ----
@@ -834,8 +897,58 @@ class GradientSynchronizer:
         self._step += 1
         self._measure_next = False
         self._awaiting_opt_step = True
+        self._control_bytes = st.control_bytes
         self._new_step_state()
         return stats
+
+    def _used_counts(self) -> list[int] | None:
+        """On how many ranks each parameter was used, where the result cannot tell.
+
+        For compressors that keep zeros exact (:attr:`_infers_unused`): a parameter whose
+        synchronised gradient has a non-zero (or NaN) element was used on some rank. Only
+        if some parameter's result is all zero (unused everywhere, or used with an
+        all-zero gradient) do the ranks, which all see the same result and so decide
+        alike, all-reduce their used flags for those parameters (a collective DDP with
+        ``find_unused_parameters=True`` issues every step).
+
+        Returns:
+            None when every parameter was used somewhere (no collective), else a count per
+            parameter (0: unused on every rank).
+        """
+        st = self._state
+        plan = self.plan
+        if self._probes is None:
+            probes = []
+            for b, idxs in enumerate(plan.buckets):
+                firsts = [(off, i) for off, i in zip(plan.offsets[b], idxs, strict=True)
+                          if self.params[i].numel()]  # fmt: skip
+                index = torch.tensor([o for o, _ in firsts], dtype=torch.long)
+                probes.append((index.to(plan.buffers[b].device), [i for _, i in firsts]))
+            self._probes = probes
+        unsure = [i for i, p in enumerate(self.params) if p.numel() == 0]
+        for buf, (index, idxs) in zip(plan.buffers, self._probes, strict=True):
+            if not idxs:
+                continue
+            zero = (buf.index_select(0, index) == 0).tolist()
+            unsure += [i for i, z in zip(idxs, zero, strict=True) if z and not plan.views[i].any()]
+        if not unsure:
+            return None
+        unsure.sort()
+        ctl = torch.tensor([st.used[i] for i in unsure], dtype=torch.int32, device=self._ctl_device)
+        w0 = self._clock.mark()
+        wait_work(
+            dist.all_reduce(ctl, group=self.group, async_op=True),
+            self.timeout_s,
+            "used-parameter all-reduce",
+        )
+        st.wait_spans.append((w0, self._clock.mark()))
+        st.bytes_sent += ctl.numel() * ctl.element_size()
+        st.collectives += 1
+        st.control_bytes = ctl.numel() * ctl.element_size()
+        counts = [1] * len(self.params)
+        for i, c in zip(unsure, ctl.tolist(), strict=True):
+            counts[i] = c
+        return counts
 
     def _misuse(self) -> str:
         """What was done wrongly between backward and synchronize() ('' if nothing)."""
@@ -869,15 +982,15 @@ class GradientSynchronizer:
         for inf in self._state.inflight.values():
             for w in inf.works:
                 wait_work(w, self.timeout_s, "gradient bucket")
-        if self._state.control is not None:
-            wait_work(self._state.control[1], self.timeout_s, "control all-reduce")
         self._new_step_state()
 
     def _finish_bucket(self, b: int, inf: _Inflight) -> None:
         decode(self.compressor, inf.gathered, inf.ctx, self.plan.buffers[b], self.world_size)
 
-    def _write_grads(self, used_count: list[int]) -> None:
+    def _write_grads(self, used_count: list[int] | None) -> None:
         plan = self.plan
+        if used_count is None:  # used on some rank, every one
+            used_count = [1] * len(plan.params)
         for p, view, n in zip(plan.params, plan.views, used_count, strict=True):
             g = p.grad
             if n == 0:

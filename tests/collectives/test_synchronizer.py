@@ -364,7 +364,8 @@ def test_randomk_all_ranks_choose_the_same_indices(dist_any):
     for r in dist_any.run(rank_randomk_indices, "randomk:0.1"):
         assert all(r["same"])
         assert r["nnz"] <= 100  # k = 100 of 1000: identical supports on all ranks
-        assert r["bytes"] == 4 * 100 + 4 * 2  # values + control (flag, 1 parameter)
+        # values + the control word riding with them (flag, 1 parameter, padded to 4)
+        assert r["bytes"] == 4 * 100 + 4 * 4
 
 
 # ---------------------------------------------------------------------------------
@@ -708,3 +709,94 @@ def rank_bad_usage(rank, world):
     sync.synchronize()
     F.cross_entropy(model(_batch(rank)[0]), _batch(rank)[1]).backward(retain_graph=False)
     sync.synchronize()
+
+
+# ---------------------------------------------------------------------------------
+class Branchy(torch.nn.Module):
+    """An MLP with a side branch that a step may leave unused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(12, 32)
+        self.fc2 = torch.nn.Linear(32, 5)
+        self.branch = torch.nn.Linear(12, 5)
+
+    def forward(self, x: torch.Tensor, use: bool) -> torch.Tensor:
+        out = self.fc2(torch.relu(self.fc1(x)))
+        return out + self.branch(x) if use else out
+
+
+def rank_collective_count(rank, world):
+    import commgym.collectives.exchange as exchange
+
+    calls = []
+    real = {"all_reduce": dist.all_reduce, "flat": exchange.all_gather_flat}
+
+    def counted(name, fn):
+        def wrapper(*args, **kw):
+            calls.append(name)
+            return fn(*args, **kw)
+
+        return wrapper
+
+    out = {}
+    try:
+        dist.all_reduce = counted("all_reduce", real["all_reduce"])
+        exchange.all_gather_flat = counted("all_gather", real["flat"])
+        for spec in ALL_SPECS:
+            torch.manual_seed(0)
+            model = Branchy()
+            # error_every=0: no exact reference all-reduce (instrumentation, not training)
+            sync = GradientSynchronizer(model, CommConfig(spec, bucket_mb=0.001), error_every=0)
+            rows = []
+            # branch: used on every rank, on rank 0 only, on none
+            for step, use in enumerate([True, rank == 0, False]):
+                model.zero_grad(set_to_none=True)
+                x, y = _batch(rank, step)
+                calls.clear()
+                F.cross_entropy(model(x, use), y).backward()
+                stats = sync.synchronize()
+                rows.append(
+                    {
+                        "calls": len(calls),
+                        "counted": stats.collectives,
+                        "control_bytes": sync.control_bytes,
+                        "branch_none": model.branch.weight.grad is None,
+                        "buckets": len(sync.plan),
+                    }
+                )
+            # local SGD: a step that keeps gradients local issues no collective
+            sync.reconfigure(CommConfig(spec, bucket_mb=0.001, sync_period=4))
+            model.zero_grad(set_to_none=True)
+            x, y = _batch(rank, 5)
+            calls.clear()
+            F.cross_entropy(model(x, True), y).backward()
+            sync.synchronize()
+            sync.after_optimizer_step()
+            rows.append({"local_calls": len(calls)})
+            out[spec] = rows
+    finally:
+        dist.all_reduce = real["all_reduce"]
+        exchange.all_gather_flat = real["flat"]
+    return out
+
+
+def test_no_collective_beyond_the_buckets(dist_any):
+    # the control word (non-finite flag, used-parameter map) rides inside the bucket
+    # exchange; none/fp16/bf16 read unused parameters off the result and ask only when a
+    # parameter's result is all zero (the branch unused on every rank)
+    for rank_out in dist_any.run(rank_collective_count):
+        for spec, (both, one, neither, local) in rank_out.items():
+            for row in (both, one, neither):
+                assert row["calls"] == row["counted"], (spec, row)
+            assert one["calls"] == both["calls"], (spec, one, both)
+            assert not both["branch_none"] and not one["branch_none"], spec
+            assert neither["branch_none"], (spec, "unused on every rank: .grad stays None")
+            assert local["local_calls"] == 0, spec
+            if spec in ("none", "fp16", "bf16"):
+                assert both["calls"] == both["buckets"], (spec, both)  # as DDP
+                assert both["control_bytes"] == 0
+                assert neither["calls"] == both["calls"] + 1, (spec, neither)
+            else:
+                assert neither["calls"] == both["calls"], (spec, neither)
+                assert both["control_bytes"] > 0
