@@ -107,9 +107,11 @@ def _hash_uniform(seed_u, index):
 
 @numba.njit(**_JIT)
 def _quantize_ef(x, r, has_res, bits, codes, scales, stochastic, seed, chunk):
-    # Per chunk (L1-resident), a few simple loops over slice views, which LLVM
-    # vectorises (indexing with ``lo + j`` keeps numba's negative-index wraparound in the
-    # loop and blocks that).
+    # Per chunk (L1-resident), two vectorised loops over slice views (indexing with
+    # ``lo + j`` keeps numba's negative-index wraparound in the loop and blocks that):
+    # v = x + r fused with the amax reduction, then round + clamp + residual + code in
+    # one loop (int8 writes its byte there; int4/int2 pack afterwards). The memory
+    # traffic is the floor: read x and r once, write r and the codes once.
     n = x.shape[0]
     qmax = (1 << (bits - 1)) - 1
     qmax_f = np.float32(qmax)
@@ -124,48 +126,68 @@ def _quantize_ef(x, r, has_res, bits, codes, scales, stochastic, seed, chunk):
         lo = c * chunk
         m = min(n, lo + chunk) - lo
         xc = x[lo : lo + m]
+        rc = r[lo : lo + m]
         v = vbuf[:m]
-        y = ybuf[:m]
         amax_bits = np.int32(0)
+        # explicit int32 casts: numba widens int32 arithmetic to int64, and the widened
+        # reduction does not vectorise
         if has_res:
-            rc = r[lo : lo + m]
             for j in range(m):
-                v[j] = xc[j] + rc[j]
+                vj = xc[j] + rc[j]
+                v[j] = vj
+                amax_bits = np.int32(max(np.int32(_f32_bits(vj) & _ABS_MASK), amax_bits))
         else:
             for j in range(m):
-                v[j] = xc[j]
-        for j in range(m):
-            # explicit int32 casts: numba widens int32 arithmetic to int64, and the
-            # widened reduction does not vectorise
-            amax_bits = np.int32(max(np.int32(_f32_bits(v[j]) & _ABS_MASK), amax_bits))
+                vj = xc[j]
+                v[j] = vj
+                amax_bits = np.int32(max(np.int32(_f32_bits(vj) & _ABS_MASK), amax_bits))
         amax = _bits_f32(amax_bits)
         scale = amax / qmax_f
         scales[c] = scale
         ok = (amax > np.float32(0.0)) and (amax < _F32_INF)
         inv = (np.float32(1.0) / (amax if ok else np.float32(1.0))) * qmax_f
         ok = ok and inv < _F32_INF
+        # y = clamp(floor(v * inv + 0.5)) (or + hash for stochastic rounding); a chunk
+        # that is not ok encodes zeros (the reference's where(ok, v * inv, 0)).
+        if per == 1 and ok and not stochastic:
+            cc = codes[lo : lo + m]
+            if has_res:
+                for j in range(m):
+                    y = min(max(np.floor(v[j] * inv + np.float32(0.5)), neg_qmax_f), qmax_f)
+                    new = v[j] - y * scale
+                    rc[j] = new if abs(new) < _F32_INF else rc[j]
+                    cc[j] = np.uint8(np.int32(y) + qmax)
+            else:
+                for j in range(m):
+                    y = min(max(np.floor(v[j] * inv + np.float32(0.5)), neg_qmax_f), qmax_f)
+                    cc[j] = np.uint8(np.int32(y) + qmax)
+            continue
         u = ubuf[: m + per]
-        # y = floor(v * inv + 0.5) (or + hash for stochastic rounding); a chunk that is not
-        # ok encodes zeros (the reference's where(ok, v * inv, 0)).
-        if not ok:
-            for j in range(m):
-                y[j] = np.float32(0.0)
-        elif stochastic:
-            for j in range(m):
-                y[j] = np.floor(v[j] * inv + _hash_uniform(seed_u, lo + j))
+        if ok and not stochastic:
+            if has_res:
+                for j in range(m):
+                    y = min(max(np.floor(v[j] * inv + np.float32(0.5)), neg_qmax_f), qmax_f)
+                    new = v[j] - y * scale
+                    rc[j] = new if abs(new) < _F32_INF else rc[j]
+                    u[j] = np.int32(y) + qmax
+            else:
+                for j in range(m):
+                    y = min(max(np.floor(v[j] * inv + np.float32(0.5)), neg_qmax_f), qmax_f)
+                    u[j] = np.int32(y) + qmax
         else:
+            yb = ybuf[:m]
+            if not ok:
+                for j in range(m):
+                    yb[j] = np.float32(0.0)
+            else:
+                for j in range(m):
+                    yb[j] = np.floor(v[j] * inv + _hash_uniform(seed_u, lo + j))
             for j in range(m):
-                y[j] = np.floor(v[j] * inv + np.float32(0.5))
-        if has_res:
-            for j in range(m):
-                yj = min(max(y[j], neg_qmax_f), qmax_f)
-                new = v[j] - yj * scale
-                old = rc[j]
-                rc[j] = new if abs(new) < _F32_INF else old
-                u[j] = np.int32(yj) + qmax
-        else:
-            for j in range(m):
-                u[j] = np.int32(min(max(y[j], neg_qmax_f), qmax_f)) + qmax
+                y = min(max(yb[j], neg_qmax_f), qmax_f)
+                if has_res:
+                    new = v[j] - y * scale
+                    rc[j] = new if abs(new) < _F32_INF else rc[j]
+                u[j] = np.int32(y) + qmax
         for j in range(m, m + per):
             u[j] = 0  # pad bits are zero
         nb = (m + per - 1) // per
@@ -371,83 +393,132 @@ def _select_kth_largest(keys, count, k):
     return keys[target]
 
 
+#: Elements per block of the fused top-k pass (its keys and values stay in L1).
+TOPK_BLOCK = 512
+_INF_KEY = np.int32(0x7F800000)
+
+
 @numba.njit(**_JIT)
-def _topk_ef(x, r, has_res, k, indices, cand_idx, cand_key, scratch, m):
+def _topk_threshold(x, r, has_res, k, scratch, m):
+    # threshold key from an evenly strided sample of v = x + residual
     n = x.shape[0]
-    # 1. threshold key from an evenly strided sample of v = x + residual
     stride = n // m
     for t in range(m):
         i = t * stride
         scratch[t] = _key(x[i] + r[i]) if has_res else _key(x[i])
     want = min(m, max(1, int(math.ceil(m * k * TOPK_OVERSAMPLE / n))))  # noqa: RUF046
-    thr = _select_kth_largest(scratch, m, want)
-    cap = cand_idx.shape[0]
-    # 2. candidates: every element with key >= thr, in index order
-    cnt = 0
-    for i in range(n):
-        f = x[i] + r[i] if has_res else x[i]
-        key = _key(f)
-        if key >= thr:
-            if cnt < cap:
-                cand_idx[cnt] = i
-                cand_key[cnt] = key
-            cnt += 1
-    exact = cnt >= k and cnt <= cap
-    if exact:
-        for t in range(cnt):
-            scratch[t] = cand_key[t]
-        tk = _select_kth_largest(scratch, cnt, k)
-        above = 0
-        for t in range(cnt):
-            if cand_key[t] > tk:
-                above += 1
-        ties = k - above
-        o = 0
-        for t in range(cnt):
-            key = cand_key[t]
-            if key > tk or (key == tk and ties > 0):
-                if key == tk:
-                    ties -= 1
-                i = cand_idx[t]
-                indices[o] = i
-                o += 1
-    return exact
+    return _select_kth_largest(scratch, m, want)
 
 
 @numba.njit(**_JIT)
-def _topk_exact_fallback(x, r, has_res, k, indices, keys):
+def _topk_ef(x, r, has_res, k, thr, cand_idx, cand_key, cand_val, vbuf, kbuf):
+    # One pass, block by block: v = x + r and its keys (vectorised), a scan collecting
+    # every element with key >= thr (index, key, value), then r = v for the block
+    # (vectorised) while nothing non-finite was seen and the candidates fit. Returns
+    # (candidates counted, end of the prefix of r that now holds v).
+    n = x.shape[0]
+    cap = cand_idx.shape[0]
+    cnt = 0
+    done = 0
+    writing = has_res
+    for lo in range(0, n, TOPK_BLOCK):
+        m = min(n, lo + TOPK_BLOCK) - lo
+        xb = x[lo : lo + m]
+        rb = r[lo : lo + m]
+        v = vbuf[:m]
+        kb = kbuf[:m]
+        top = np.int32(0)
+        if has_res:
+            for j in range(m):
+                f = xb[j] + rb[j]
+                v[j] = f
+                key = np.int32(_f32_bits(f) & _ABS_MASK)
+                kb[j] = key
+                top = np.int32(max(key, top))
+        else:
+            for j in range(m):
+                key = np.int32(_f32_bits(xb[j]) & _ABS_MASK)
+                kb[j] = key
+                top = np.int32(max(key, top))
+        if top >= thr:
+            for j in range(m):
+                key = kb[j]
+                if key >= thr:
+                    if cnt < cap:
+                        cand_idx[cnt] = lo + j
+                        cand_key[cnt] = key
+                        cand_val[cnt] = v[j] if has_res else xb[j]
+                    cnt += 1
+        if writing:
+            if top >= _INF_KEY or cnt > cap:
+                writing = False  # r keeps its old values from here on
+            else:
+                for j in range(m):
+                    rb[j] = v[j]
+                done = lo + m
+    return cnt, done
+
+
+@numba.njit(**_JIT)
+def _topk_pick(k, cnt, cand_idx, cand_key, cand_val, scratch, indices, values):
+    # exact top-k among the candidates (index order kept), ties at the k-th key by index
+    for t in range(cnt):
+        scratch[t] = cand_key[t]
+    tk = _select_kth_largest(scratch, cnt, k)
+    above = 0
+    for t in range(cnt):
+        if cand_key[t] > tk:
+            above += 1
+    ties = k - above
+    o = 0
+    for t in range(cnt):
+        key = cand_key[t]
+        if key > tk or (key == tk and ties > 0):
+            if key == tk:
+                ties -= 1
+            indices[o] = cand_idx[t]
+            values[o] = cand_val[t]
+            o += 1
+
+
+@numba.njit(inline="always", **_JIT)
+def _v_at(x, r, has_res, done, i):
+    # v = x + old residual: r already holds v below ``done``
+    if not has_res:
+        return x[i]
+    return r[i] if i < done else x[i] + r[i]
+
+
+@numba.njit(**_JIT)
+def _topk_exact_fallback(x, r, has_res, done, k, indices, values, keys):
     # Exact selection over the whole bucket (degenerate inputs: ties, e.g. all zeros)
     n = x.shape[0]
     for i in range(n):
-        keys[i] = _key(x[i] + r[i]) if has_res else _key(x[i])
+        keys[i] = _key(_v_at(x, r, has_res, done, i))
     tk = _select_kth_largest(keys, n, k)
     above = 0
     for i in range(n):
-        f = x[i] + r[i] if has_res else x[i]
-        if _key(f) > tk:
+        if _key(_v_at(x, r, has_res, done, i)) > tk:
             above += 1
     ties = k - above
     o = 0
     for i in range(n):
-        f = x[i] + r[i] if has_res else x[i]
+        f = _v_at(x, r, has_res, done, i)
         key = _key(f)
         if key > tk or (key == tk and ties > 0):
             if key == tk:
                 ties -= 1
             indices[o] = i
+            values[o] = f
             o += 1
 
 
 @numba.njit(**_JIT)
-def _topk_finish(x, r, has_res, k, values, indices):
-    # values in the documented order, then the residual: v where finite (else the old
-    # residual), zero where sent
-    n = x.shape[0]
-    for t in range(k):
-        i = indices[t]
-        values[t] = x[i] + r[i] if has_res else x[i]
+def _topk_finish(x, r, has_res, done, k, indices):
+    # the residual: v where finite (else the old residual), zero where sent; r holds v
+    # below ``done`` already
     if has_res:
-        for i in range(n):
+        for i in range(done, x.shape[0]):
             f = x[i] + r[i]
             r[i] = f if abs(f) < _F32_INF else r[i]
         for t in range(k):
@@ -481,13 +552,19 @@ def topk_ef(
 
     Rule (after DGC, Lin et al., ICLR 2018, which samples to place the threshold): a
     threshold ``T`` is the ``ceil(2 k m / n)``-th largest magnitude of ``m =
-    min(n, 4096)`` evenly strided samples, so about ``2k`` elements pass it. One pass
-    collects every element with ``|v| >= T`` into a candidate buffer of at most
-    ``4k + 64`` entries (bounded: never more is stored), and the exact top-k is selected
-    among them (quickselect on the magnitude bits). The selection is exact whenever at
-    least ``k`` and at most ``4k + 64`` elements pass; otherwise (a misplaced threshold, or
-    ties across the bucket such as an all-zero bucket) an exact selection over the whole
-    bucket runs instead. Both paths give the same result; only the time differs.
+    min(n, 4096)`` evenly strided samples, so about ``2k`` elements pass it. One pass over
+    the bucket, in blocks of :data:`TOPK_BLOCK` elements, computes ``v = x + residual``
+    and its magnitude bits (vectorised), collects every element with ``|v| >= T`` into a
+    candidate buffer of at most ``4k + 64`` entries (bounded: never more is stored) and
+    writes ``v`` into the residual (vectorised) as long as every ``v`` so far was finite
+    and the candidates fit; the exact top-k is then selected among the candidates
+    (quickselect on the magnitude bits). The selection is exact whenever at least ``k``
+    and at most ``4k + 64`` elements pass; otherwise (a misplaced threshold, or ties
+    across the bucket such as an all-zero bucket) an exact selection over the whole
+    bucket runs instead, reading ``v`` from the residual where the pass already wrote it.
+    Both paths give the same result; only the time differs. Memory traffic: ``x`` and the
+    residual read once and the residual written once (the sampled threshold touches 4096
+    cache lines).
 
     Args:
         x: 1-D contiguous CPU tensor of ``n`` elements (fp32; fp16/bf16 are upcast).
@@ -517,10 +594,17 @@ def topk_ef(
     scratch = _scratch_buffer("key", max(cap, min(n, TOPK_SAMPLES)), np.int32)
     cand_idx = _scratch_buffer("cidx", cap, np.int32)
     cand_key = _scratch_buffer("ckey", cap, np.int32)
-    if not _topk_ef(xa, ra, has_res, k, ia, cand_idx, cand_key, scratch, min(n, TOPK_SAMPLES)):
+    cand_val = _scratch_buffer("cval", cap, np.float32)
+    vbuf = _scratch_buffer("vblk", TOPK_BLOCK, np.float32)
+    kbuf = _scratch_buffer("kblk", TOPK_BLOCK, np.int32)
+    thr = _topk_threshold(xa, ra, has_res, k, scratch, min(n, TOPK_SAMPLES))
+    cnt, done = _topk_ef(xa, ra, has_res, k, thr, cand_idx, cand_key, cand_val, vbuf, kbuf)
+    if k <= cnt <= cap:
+        _topk_pick(k, cnt, cand_idx, cand_key, cand_val, scratch, ia, va)
+    else:
         keys = _scratch_buffer("all", n, np.int32)
-        _topk_exact_fallback(xa, ra, has_res, k, ia, keys)
-    _topk_finish(xa, ra, has_res, k, va, ia)
+        _topk_exact_fallback(xa, ra, has_res, done, k, ia, va, keys)
+    _topk_finish(xa, ra, has_res, done, k, ia)
     return values, indices
 
 
@@ -701,6 +785,7 @@ def warmup() -> float:
         dequantize_accumulate(codes, scales, bits, r)
     topk_ef(x, r, 10)
     topk_ef(torch.zeros(1031), None, 10)  # the exact fallback
+    topk_ef(torch.zeros(1031), torch.zeros(1031), 10)
     idx, _ = randomk_indices(1031, 10, 1)
     randomk_gather_ef(x, r, idx)
     randomk_gather_ef(x, None, idx)

@@ -208,6 +208,29 @@ def test_topk_ties_and_fallback(pattern):
         assert torch.equal(vals, v[idx])
 
 
+@pytest.mark.parametrize("nan_at", [None, 30, 700])
+def test_topk_fallback_after_the_pass_wrote_part_of_the_residual(nan_at):
+    """The threshold misses values the strided sample never sees: the candidates overflow
+    after the one pass has written ``v`` into part of the residual (up to the block where
+    they overflowed, or where a NaN was), and the exact fallback still equals the
+    reference."""
+    n = 100003
+    stride = n // C.TOPK_SAMPLES
+    x, r0 = _distinct_magnitudes(n, seed=5)
+    x, r0 = x * 1e-3, r0 * 1e-3
+    start = 20000 if nan_at is not None else 1000
+    unseen = torch.arange(start + 1, n, stride)  # never a multiple of the stride
+    x[unseen] = 10.0 + torch.arange(unseen.numel(), dtype=torch.float32) * 1e-3
+    if nan_at is not None:
+        x[nan_at] = float("nan")
+    for k in (1, 10, 300):
+        r_ref, r_cpu = r0.clone(), r0.clone()
+        v_ref, i_ref = R.topk_ef(x, r_ref, k)
+        v_cpu, i_cpu = C.topk_ef(x, r_cpu, k)
+        assert _pairs(v_cpu, i_cpu) == _pairs(v_ref, i_ref), f"k={k}"
+        assert_same_bits(r_cpu, r_ref, f"residual k={k}")
+
+
 def test_topk_edges():
     vals, idx = C.topk_ef(torch.empty(0), torch.empty(0), 0)
     assert vals.shape == (0,) and idx.shape == (0,) and idx.dtype == torch.int32
