@@ -37,7 +37,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["GATES", "run_sim_gates", "kendall_tau"]
+__all__ = ["GATES", "cache_key", "kendall_tau", "run_sim_gates"]
 
 console = Console(width=160)
 
@@ -51,6 +51,18 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
 
     t = kendalltau(a, b).statistic
     return float(t) if t is not None and math.isfinite(t) else float("nan")
+
+
+def cache_key(env_cfg: Any) -> dict[str, Any]:
+    """What the real runs' cache is valid for: the workload setting, menu, target and budget."""
+    from commgym.env.sim import workload_key
+
+    return {
+        **workload_key(env_cfg),
+        "menu": env_cfg.menu.to_dict(),
+        "target_loss": env_cfg.target_loss,
+        "time_budget_s": env_cfg.time_budget_s,
+    }
 
 
 def _rank_positions(rows: dict[str, tuple[int, float, float]]) -> dict[str, int]:
@@ -269,6 +281,8 @@ def run_sim_gates(
     tracking_uri: str | None = None,
     experiment: str = "commgym",
     json_path: str | None = None,
+    speed_steps: int = 20_000,
+    track: bool = True,
 ) -> dict[str, Any]:
     """Print the three gates for ``scenario`` (see the module docstring) and log them.
 
@@ -283,6 +297,8 @@ def run_sim_gates(
         tracking_uri: MLflow store (default: the project's).
         experiment: MLflow experiment.
         json_path: also write the result here.
+        speed_steps: simulated decisions timed for the decisions/s figure.
+        track: log to MLflow (``False``: print only).
 
     Returns:
         The gates' figures and verdicts.
@@ -296,7 +312,6 @@ def run_sim_gates(
         adaptive_times,
         headroom,
         static_ranking,
-        workload_key,
     )
     from commgym.experiments.config import load_run_config
     from commgym.experiments.progress import phase
@@ -309,13 +324,7 @@ def run_sim_gates(
     calib_seeds = set(cal.meta.get("seeds", []))
     if calib_seeds & set(seeds):
         raise ValueError(f"seeds {sorted(calib_seeds & set(seeds))} were calibration seeds")
-    key = {
-        **workload_key(env_cfg),
-        "menu": env_cfg.menu.to_dict(),
-        "target_loss": env_cfg.target_loss,
-        "time_budget_s": env_cfg.time_budget_s,
-    }
-    cache = _RealCache(Path(real), key)
+    cache = _RealCache(Path(real), cache_key(env_cfg))
     specs = sorted({str(s) for s in env_cfg.network_plan.specs}) or ["loopback"]
     real_s = 0.0
     if run_real:
@@ -444,7 +453,7 @@ def run_sim_gates(
     from commgym.env.surrogate import benchmark_steps
 
     env = gym.make("commgym/Sim-v1", calibration=cal, config=env_cfg)
-    result["decisions_per_s"] = benchmark_steps(env.unwrapped, 20_000)
+    result["decisions_per_s"] = benchmark_steps(env.unwrapped, speed_steps)
     env.close()
     result["real_reference_s"] = real_s
     result["calibration"] = {
@@ -453,7 +462,8 @@ def run_sim_gates(
     }
     result["load"] = list(os.getloadavg())
     _print(result)
-    _log(result, tracking_uri, experiment)
+    if track:
+        _log(result, tracking_uri, experiment)
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=1, default=str))
     return result
