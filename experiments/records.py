@@ -116,7 +116,7 @@ def _gpu() -> str | None:
     torch = sys.modules.get("torch")
     try:
         return torch.cuda.get_device_name(0) if torch and torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001 - a record never fails on a device query
+    except Exception:
         return None
 
 
@@ -309,7 +309,7 @@ class Recording:
             folder = self.root / f"{name}-{n}"
         folder.mkdir()
         self.folder = folder
-        self._raw = open(folder / ".output.raw", "w", encoding="utf-8")  # noqa: SIM115
+        self._raw = open(folder / ".output.raw", "w", encoding="utf-8")
         self._streams = (sys.stdout, sys.stderr)
         sys.stdout = _Tee(sys.stdout, self._raw)  # type: ignore[assignment]
         sys.stderr = _Tee(sys.stderr, self._raw)  # type: ignore[assignment]

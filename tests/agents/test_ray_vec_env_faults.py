@@ -20,7 +20,6 @@ from commgym.agents.ray_env import RayVecEnv  # noqa: E402
 from commgym.env import EnvConfig  # noqa: E402
 from tests.agents.test_ray_env import CONFIG, _tagged  # noqa: E402
 
-
 #: How long the killed actor gets to come back. A restart is a new actor process: it imports
 #: torch and commgym, builds the env and launches its 2 torchrun ranks. On this 2-core machine
 #: under a full run's load (load average 13-19) that took over 20 s, the bound this test once

@@ -402,7 +402,7 @@ def _block_commands(markdown: str) -> list[str]:
 
 
 def readme_commands(markdown: str | None = None) -> list[str]:
-    """Every command README.md and docs/ show (or ``markdown``), as written, first appearance first."""
+    """Every command README.md and docs/ show (or ``markdown``), as written, first seen first."""
     texts = [page.read_text() for page in PAGES] if markdown is None else [markdown]
     found = []
     for text in texts:
@@ -432,7 +432,8 @@ def help_commands() -> list[str]:
 def python_snippets(markdown: str | None = None) -> list[str]:
     """The ``python`` code blocks of README.md and docs/ (or of ``markdown``)."""
     texts = [page.read_text() for page in PAGES] if markdown is None else [markdown]
-    return [c for t in texts for c in re.findall(r"^```python[ \t]*\n(.*?)^```", t, flags=re.S | re.M)]
+    block = r"^```python[ \t]*\n(.*?)^```"
+    return [c for t in texts for c in re.findall(block, t, flags=re.S | re.M)]
 
 
 def expand(command: str) -> list[str]:

@@ -241,7 +241,8 @@ def test_every_readme_and_help_command_is_in_the_table():
     missing = [c for c in shown if c not in COMMANDS]
     stale = [k for k in COMMANDS if k not in shown]
     assert not missing, (
-        "README.md, docs/ or a --help text shows commands that tests/experiments/readme_commands.py "
+        "README.md, docs/ or a --help text shows commands that "
+        "tests/experiments/readme_commands.py "
         f"does not say how to run (add a row to COMMANDS): {missing}"
     )
     assert not stale, f"COMMANDS rows README.md and docs/ no longer show (remove them): {stale}"
