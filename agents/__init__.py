@@ -35,6 +35,7 @@ from commgym.agents.baselines import (
     StaticAgent,
 )
 from commgym.agents.bayesopt import BayesOptAgent
+from commgym.agents.mpc import ModelPredictiveAgent
 from commgym.agents.oracle import BestStaticAgent, OracleEntry, OracleStaticAgent
 from commgym.agents.oracle_adaptive import OracleAdaptiveAgent, ScheduleAgent
 from commgym.agents.registry import AGENTS, agent_names, load_agent, make_agent
@@ -56,6 +57,7 @@ __all__ = [
     "Episode",
     "EpisodeStep",
     "GridAgent",
+    "ModelPredictiveAgent",
     "OracleEntry",
     "OracleAdaptiveAgent",
     "OracleStaticAgent",

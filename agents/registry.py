@@ -20,6 +20,7 @@ from commgym.agents.baselines import (
     StaticAgent,
 )
 from commgym.agents.bayesopt import BayesOptAgent
+from commgym.agents.mpc import ModelPredictiveAgent
 from commgym.agents.oracle import BestStaticAgent, OracleStaticAgent
 from commgym.agents.oracle_adaptive import OracleAdaptiveAgent
 from commgym.agents.rollout_table import RolloutTableAgent
@@ -39,6 +40,7 @@ AGENTS: dict[str, type[Agent]] = {
         OracleStaticAgent,
         BestStaticAgent,
         OracleAdaptiveAgent,
+        ModelPredictiveAgent,
         RolloutTableAgent,
         SlidingWindowUCBAgent,
         AccordionAgent,

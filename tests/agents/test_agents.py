@@ -72,7 +72,7 @@ def test_registry_names_and_unknown_name():
     assert set(AGENTS) == {
         "static", "random", "grid", "bayesopt", "autotune", "oracle-static", "bandit",
         "accordion", "adacomm", "ppo", "a2c", "dqn", "oracle-adaptive", "rollout-table",
-        "best-static",
+        "best-static", "mpc",
     }  # fmt: skip
     for name, cls in AGENTS.items():
         assert cls.name == name and issubclass(cls, Agent)
