@@ -32,7 +32,9 @@ SYNC_OPTIONS = {
         "Benchmark model, a workload: {workloads} (mid-mlp: 1.13M params; wide-mlp: 21M)."
     ),
     "compressors": CliField("Comma-separated compression specs to measure besides DDP."),
-    "rounds": CliField("Interleaved repetitions (ratios use all).", min=1),
+    "rounds": CliField(
+        "Interleaved repetitions (ratios use all; >= 7 give a 95 % interval).", min=1
+    ),
     "json_path": _JSON,
     "timeout_s": CliField("Kill the ranks after this many seconds (default: from steps)."),
     "network": CLI_FIELDS["env.network"],
@@ -51,7 +53,7 @@ def bench_sync(
     bucket_mb: float = 25.0,
     model: str = "mid-mlp",
     compressors: str = "none,fp16,bf16,int8,int4,int2,topk:0.01,randomk:0.01,powersgd:4",
-    rounds: int = 3,
+    rounds: int = 7,
     json_path: str | None = None,
     timeout_s: float | None = None,
     network: str | None = None,
