@@ -143,11 +143,19 @@ class SB3Agent(Agent):
             :class:`~commgym.agents.ray_env.RayVecEnv`, actions as the algorithm takes
             them: flattened for DQN, see :attr:`flat_actions`); ``env`` then only gives
             the menu and spaces. Not a hyperparameter: not saved.
+        history: observations the policy sees, the newest last (1: the current one only).
+            Above 1 the algorithm learns on SB3's ``VecFrameStack`` (the last ``history``
+            observations concatenated, zeros before an episode's first), an
+            action-independent memory of how the link and the loss moved (Aurora's
+            history of the last intervals); ``predict`` keeps the same stack in its
+            ``state``, so callers thread ``state`` and ``episode_start`` as for a
+            recurrent policy.
         **hyperparams: keyword arguments of the SB3 algorithm (``policy`` defaults to
             ``"MlpPolicy"``, ``device`` to ``"cpu"``); they override :attr:`defaults`.
 
     Raises:
         TypeError: unknown SB3 keyword arguments (from SB3).
+        ValueError: ``history`` is not an integer >= 1.
     """
 
     learned = True
@@ -170,7 +178,8 @@ class SB3Agent(Agent):
         super().__init__(env, seed=seed, **merged)
         kwargs = dict(merged)
         policy = kwargs.pop("policy")
-        algo_env = self._algo_env(env) if vec_env is None else vec_env
+        self.history = _check_history(kwargs.pop("history", 1))
+        algo_env = self._learning_env(env) if vec_env is None else self._stacked(vec_env)
         self.model = self.algo(policy, algo_env, seed=seed, **kwargs)
         _quiet_logger(self.model)
         self._learned_once = False
@@ -184,6 +193,22 @@ class SB3Agent(Agent):
         """The env as the SB3 algorithm sees it."""
         return env
 
+    def _stacked(self, venv: Any) -> Any:
+        """``venv`` with the last :attr:`history` observations stacked (as it is for 1)."""
+        if self.history == 1:
+            return venv
+        from stable_baselines3.common.vec_env import VecFrameStack
+
+        return VecFrameStack(venv, self.history)
+
+    def _learning_env(self, env: gym.Env) -> Any:
+        """What the algorithm learns on: the env, or a ``VecFrameStack`` of it."""
+        if self.history == 1:
+            return self._algo_env(env)
+        from stable_baselines3.common.vec_env import DummyVecEnv
+
+        return self._stacked(DummyVecEnv([lambda: self._algo_env(env)]))
+
     def _to_multi(self, action: np.ndarray) -> np.ndarray:
         """SB3 action -> int64 menu indices ``(3,)`` or ``(n, 3)``."""
         return np.asarray(action, dtype=np.int64)
@@ -195,12 +220,17 @@ class SB3Agent(Agent):
         episode_start: np.ndarray | None = None,
         deterministic: bool = True,
     ) -> tuple[np.ndarray, Any]:
-        obs, _ = as_observations(observation, int(np.prod(self.observation_space.shape)))
+        obs, batch = as_observations(observation, int(np.prod(self.observation_space.shape)))
+        stack = None
+        if self.history > 1:  # the observation stack rides in the state, as VecFrameStack's
+            stack, state = state if state is not None else (None, None)
+            stack = _push(stack, obs.reshape(-1, obs.shape[-1]), self.history, episode_start)
+            obs = stack if batch else stack[0]
         if deterministic:
             action, state = self.model.predict(obs, state, episode_start, True)
         else:
             action, state = self._explore(obs, state, episode_start)
-        return self._to_multi(action), state
+        return self._to_multi(action), state if stack is None else (stack, state)
 
     def _explore(self, obs: np.ndarray, state: Any, episode_start: Any) -> tuple[Any, Any]:
         """An exploring ``model.predict`` on a seed drawn from the agent's generator.
@@ -326,7 +356,7 @@ class SB3Agent(Agent):
         from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 
         model = self.model
-        model.set_env(self._algo_env(env))
+        model.set_env(self._learning_env(env))
         saved = None
         if isinstance(model, OnPolicyAlgorithm):
             saved = (model.n_steps, model.rollout_buffer)
@@ -378,12 +408,36 @@ class SB3Agent(Agent):
         agent_env = cls._check_file(meta, path, env)
         agent = cls.__new__(cls)
         Agent.__init__(agent, agent_env, seed=meta.get("seed"), **meta.get("hyperparams", {}))
-        algo_env = agent._algo_env(env) if env is not None else None
+        agent.history = _check_history(meta.get("hyperparams", {}).get("history", 1))
+        algo_env = agent._learning_env(env) if env is not None else None
         agent.model = cls.algo.load(path, env=algo_env, device="cpu")
         _quiet_logger(agent.model)
         agent._learned_once = True
         agent._rng = np.random.default_rng(meta.get("seed"))
         return agent
+
+
+def _check_history(history: Any) -> int:
+    if isinstance(history, bool) or not isinstance(history, int | np.integer) or history < 1:
+        raise ValueError(f"history must be an integer >= 1 (observations stacked), got {history!r}")
+    return int(history)
+
+
+def _push(stack: np.ndarray | None, obs: np.ndarray, history: int, starts: Any) -> np.ndarray:
+    """``obs`` (``(n, d)``) pushed onto the stacks of the last ``history`` observations.
+
+    The layout of SB3's ``StackedObservations`` for 1-D observations: ``(n, history x d)``,
+    the oldest first; a row whose episode starts (or a missing stack) is zeros before it.
+    """
+    n, d = obs.shape
+    if stack is None or stack.shape != (n, history * d):
+        stack = np.zeros((n, history * d), dtype=obs.dtype)
+    else:
+        stack = np.roll(stack, -d, axis=1)
+    if starts is not None:
+        stack[np.asarray(starts, dtype=bool).reshape(-1)[:n]] = 0
+    stack[:, -d:] = obs
+    return stack
 
 
 class PPOAgent(SB3Agent):

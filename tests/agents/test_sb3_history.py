@@ -1,0 +1,70 @@
+"""SB3 agents with an observation history (``history``): SB3's VecFrameStack while learning,
+the same stack threaded through ``predict``'s state while acting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from commgym.agents import load_agent, make_agent, rollout
+from commgym.agents.sb3 import _push
+from commgym.env.sim import SimEnv
+from commgym.env.sim.randomize import RandomizedConditions
+from tests.env.test_sim import _calibration, _env_cfg
+
+FLAKY = {"schedule": [[0, "10mbit"], [1.0, "100mbit"], [2.0, "10mbit"]], "shift_s": 0.2}
+
+
+@pytest.fixture(scope="module")
+def env():
+    return SimEnv(_calibration(), _env_cfg(network=FLAKY, probe_bytes=65536))
+
+
+def test_predict_stacks_as_vec_frame_stack_does(env):
+    agent = make_agent("ppo", env, seed=0, history=3, n_steps=16, batch_size=16)
+    twin = SimEnv(_calibration(), _env_cfg(network=FLAKY, probe_bytes=65536))
+    venv = agent._learning_env(twin)  # DummyVecEnv + VecFrameStack, as learn() uses
+    venv.seed(5)
+    stacked = venv.reset()
+    obs, _ = env.reset(seed=5)
+    mine = _push(None, obs[None], 3, np.array([True]))
+    for _ in range(6):
+        np.testing.assert_array_equal(mine, stacked)
+        action = np.array([env.action_space.sample()])
+        stacked, _, done, _ = venv.step(action)
+        obs, *_ = env.step(action[0])
+        mine = _push(mine, obs[None], 3, done)
+    assert stacked.shape == (1, 3 * env.observation_space.shape[0])
+
+
+def test_learns_saves_and_acts_with_its_history(env, tmp_path):
+    agent = make_agent("ppo", env, seed=0, history=4, n_steps=32, batch_size=32)
+    agent.learn(64)
+    first = rollout(env, agent, 11, target_loss=0.2)
+    loaded = load_agent(agent.save(tmp_path / "ppo"), env=env)
+    assert loaded.history == 4 and loaded.hyperparams["history"] == 4
+    again = rollout(env, loaded, 11, target_loss=0.2)
+    assert [s.config for s in again.steps] == [s.config for s in first.steps]
+    # a batch of two rows keeps one stack per row
+    obs, _ = env.reset(seed=11)
+    actions, state = agent.predict(np.stack([obs, obs]), episode_start=np.array([True, True]))
+    assert actions.shape == (2, 3) and state[0].shape == (2, 4 * obs.shape[0])
+    with pytest.raises(ValueError, match="history must be an integer >= 1"):
+        make_agent("ppo", env, history=0)
+
+
+def test_randomized_conditions_vary_the_trace_and_keep_its_rates(env):
+    wrapped = RandomizedConditions(
+        SimEnv(_calibration(), _env_cfg(network=FLAKY, probe_bytes=65536)), rate_swap=0.0
+    )
+    traces = []
+    for seed in (3, None, None):
+        wrapped.reset(seed=seed)
+        traces.append(wrapped.schedule)
+    assert all([s for _, s in t] == ["10mbit", "100mbit", "10mbit"] for t in traces)
+    lengths = [t[1][0] for t in traces]
+    assert len(set(lengths)) == 3 and all(0.6 <= x <= 1.4 for x in lengths)
+    wrapped.reset(seed=3)
+    assert wrapped.schedule == traces[0]  # seeded: reproducible
+    with pytest.raises(ValueError, match="varies a link schedule"):
+        RandomizedConditions(SimEnv(_calibration(), _env_cfg(network="10mbit")))
