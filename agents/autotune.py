@@ -13,6 +13,7 @@ import numpy as np
 from commgym.agents.base import LearnCallback, StepAgent, predict_each
 from commgym.agents.bayesopt import best_sampled, menu_features, propose_ei
 from commgym.collectives import CommConfig
+from commgym.collectives.checks import check_int
 from commgym.env.spaces import OBSERVATION_FIELDS
 
 __all__ = ["OBJECTIVES", "AutotuneAgent"]
@@ -181,8 +182,7 @@ class AutotuneAgent(StepAgent):
             ("tuning_decisions", tuning_decisions, 0), ("warmup", warmup, 0),
             ("n_initial", n_initial, 1),
         ):  # fmt: skip
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+            check_int(name, value, low)
         if objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {objective!r}; valid: {sorted(OBJECTIVES)}")
         if not (isinstance(xi, int | float) and math.isfinite(xi) and xi >= 0):

@@ -29,6 +29,7 @@ import math
 import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -44,6 +45,7 @@ __all__ = [
     "Agent",
     "LayoutEnv",
     "LearnCallback",
+    "Preparation",
     "Progress",
     "StepAgent",
     "as_observations",
@@ -296,6 +298,22 @@ def predict_each(
     return actions, (None if all(s is None for s in new_states) else new_states)
 
 
+@dataclass(frozen=True)
+class Preparation:
+    """What preparing an agent cost before it plays: one record on every agent.
+
+    An oracle's search, a rollout table's learning: wall time and the real decisions its
+    episodes took (an agent that prepares nothing itself reports ``seconds=None``, 0).
+
+    Attributes:
+        seconds: wall time of the preparation, s (``None``: none ran, or not known).
+        decisions: decisions its episodes took.
+    """
+
+    seconds: float | None = None
+    decisions: int = 0
+
+
 class Agent(ABC):
     """Chooses communication configurations for a commgym environment.
 
@@ -356,6 +374,11 @@ class Agent(ABC):
     def hyperparams(self) -> dict[str, Any]:
         """Hyperparameters as plain values (JSON-serialisable; for logging and saving)."""
         return dict(self._hyperparams)
+
+    @property
+    def preparation(self) -> Preparation:
+        """What preparing this agent cost (:class:`Preparation`; none by default)."""
+        return Preparation()
 
     @abstractmethod
     def predict(

@@ -10,6 +10,7 @@ import numpy as np
 
 from commgym.agents.base import StepAgent
 from commgym.collectives import CommConfig
+from commgym.collectives.checks import check_int
 from commgym.env.spaces import OBSERVATION_FIELDS, ActionMenu
 
 __all__ = [
@@ -40,9 +41,7 @@ def _check_index(name: str, value: Any, n: int) -> int:
 
 
 def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
+    return check_int(name, value, 1)
 
 
 def resolve_preset(menu: ActionMenu, preset: str) -> CommConfig:

@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 
 from commgym.agents.base import StepAgent
+from commgym.collectives.checks import check_int
 
 __all__ = [
     "BayesOptAgent",
@@ -231,8 +232,7 @@ class BayesOptAgent(StepAgent):
             ("budget", budget, 1), ("repeats", repeats, 1), ("warmup", warmup, 0),
             ("n_initial", n_initial, 1),
         ):  # fmt: skip
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+            check_int(name, value, low)
         if retune_every is not None and (
             isinstance(retune_every, bool)
             or not isinstance(retune_every, int | np.integer)

@@ -12,15 +12,46 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from commgym.agents.base import LearnCallback, Progress, StepAgent
+from commgym.agents.base import LearnCallback, Preparation, Progress, StepAgent
 from commgym.agents.baselines import StaticAgent
 from commgym.agents.rollout import Episode, finite_or_none, nan_if_none, rollout
 from commgym.collectives import CommConfig
+from commgym.collectives.checks import check_int
 
-__all__ = ["DEFAULT_SEEDS", "BestStaticAgent", "OracleEntry", "OracleStaticAgent", "check_seeds"]
+__all__ = [
+    "DEFAULT_SEEDS",
+    "FIRST_TRAINING_SEED",
+    "BestStaticAgent",
+    "OracleEntry",
+    "OracleStaticAgent",
+    "check_seeds",
+    "training_seeds",
+]
 
 #: Evaluation seeds searched when none are given.
 DEFAULT_SEEDS: tuple[int, ...] = (1000, 1001, 1002)
+
+#: The lowest seed a learner trains on; every evaluation seed lies below it.
+FIRST_TRAINING_SEED = 10_000
+
+
+def training_seeds(seed: int | None, n: int) -> list[int]:
+    """The episode seeds a learner searches: ``FIRST_TRAINING_SEED + 100 * seed + i``.
+
+    Evaluation seeds are ``eval_seed + i``, kept below :data:`FIRST_TRAINING_SEED` by
+    :class:`~commgym.experiments.config.RunConfig` (``eval_seed = 1000`` in every shipped
+    scenario), so training and evaluation episodes never coincide.
+
+    Raises:
+        ValueError: a negative ``seed`` (its seeds would fall below
+            :data:`FIRST_TRAINING_SEED`, onto the evaluation seeds).
+    """
+    if seed is not None and int(seed) < 0:
+        raise ValueError(
+            f"seed must be >= 0: training seeds {FIRST_TRAINING_SEED} + 100 x seed would "
+            f"reach the evaluation seeds below {FIRST_TRAINING_SEED}, got seed={seed!r}"
+        )
+    return [FIRST_TRAINING_SEED + 100 * int(seed or 0) + i for i in range(n)]
 
 
 @dataclass(frozen=True)
@@ -227,6 +258,11 @@ class OracleStaticAgent(StepAgent):
         best = self.best_config
         return f"{self.name}[{best}] (oracle)" if best is not None else f"{self.name} (oracle)"
 
+    @property
+    def preparation(self) -> Preparation:
+        """What preparing it cost: its search's wall time and decisions."""
+        return Preparation(self.search_cost_s, int(self.search_decisions))
+
     # -- search -----------------------------------------------------------------------
     def learn(
         self,
@@ -407,7 +443,7 @@ class BestStaticAgent(OracleStaticAgent):
 
     ``oracle-static``'s search (every menu entry for full episodes, ranked by
     :meth:`OracleEntry.rank_key`) run on episodes the evaluation never plays: the
-    learners' training seeds (:func:`~commgym.agents.rollout_table.training_seeds` of
+    learners' training seeds (:func:`training_seeds` of
     ``seed``). Unlike ``oracle-static`` it has not seen the evaluation seeds, so it is a
     baseline (a one-shot grid search over static configurations), its search counted as
     its tuning cost; on a scenario whose conditions are drawn per episode it picks what
@@ -436,10 +472,7 @@ class BestStaticAgent(OracleStaticAgent):
         seeds: Sequence[int] | None = None,
         entries: Sequence[str] | None = None,
     ) -> None:
-        from commgym.agents.rollout_table import training_seeds  # it imports this module
-
-        if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
-            raise ValueError(f"episodes must be an integer >= 1, got {episodes!r}")
+        check_int("episodes", episodes, 1)
         if seeds is None:
             seeds = training_seeds(seed, episodes)
         super().__init__(env, seed=seed, seeds=seeds, entries=entries)

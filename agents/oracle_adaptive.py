@@ -52,7 +52,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from commgym.agents.base import LearnCallback, Progress, StepAgent
+from commgym.agents.base import LearnCallback, Preparation, Progress, StepAgent
 from commgym.agents.baselines import StaticAgent
 from commgym.agents.oracle import DEFAULT_SEEDS, OracleStaticAgent, check_seeds
 from commgym.agents.rollout import Episode, EpisodeStep, rollout
@@ -266,6 +266,11 @@ class OracleAdaptiveAgent(StepAgent):
         if not self.static.ranking:
             raise RuntimeError("oracle-adaptive has no base before learn()")
         return self.static.ranking[0].config
+
+    @property
+    def preparation(self) -> Preparation:
+        """What preparing it cost: its search's wall time and decisions."""
+        return Preparation(self.search_cost_s, int(self.search_decisions))
 
     # -- search -----------------------------------------------------------------------
     def learn(

@@ -44,6 +44,7 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices
 
+from commgym.collectives.checks import check_int
 from commgym.env import EnvConfig
 
 __all__ = [
@@ -355,8 +356,7 @@ class EnvActors:
         resources: dict[str, float] | None = None,
         place_timeout_s: float = PLACE_TIMEOUT_S,
     ) -> None:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {n!r}")
+        check_int("n", n, 1)
         ray = import_ray()
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

@@ -45,10 +45,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from commgym.agents.base import LearnCallback, StepAgent
+from commgym.agents.base import LearnCallback, Preparation, StepAgent
 from commgym.agents.baselines import StaticAgent
-from commgym.agents.oracle import OracleStaticAgent
+from commgym.agents.oracle import FIRST_TRAINING_SEED, OracleStaticAgent, training_seeds
 from commgym.agents.oracle_adaptive import OracleAdaptiveAgent
+from commgym.collectives.checks import check_int
 from commgym.env.measure import measurement_from_info
 from commgym.env.spaces import OBSERVATION_FIELDS
 
@@ -66,8 +67,6 @@ _IDX = [[f.name for f in OBSERVATION_FIELDS].index(n) for n in CONDITION_FIELDS]
 _ELAPSED = [f.name for f in OBSERVATION_FIELDS].index("elapsed_frac")
 #: the safe entry replaces one only if that one's dearest decision is this many times dearer
 _RISK_RATIO = 2.0
-#: The lowest seed a learner trains on; every evaluation seed lies below it.
-FIRST_TRAINING_SEED = 10_000
 
 
 def condition_runs(
@@ -121,25 +120,6 @@ def condition_runs(
     return shortest
 
 
-def training_seeds(seed: int | None, n: int) -> list[int]:
-    """The episode seeds a learner searches: ``FIRST_TRAINING_SEED + 100 * seed + i``.
-
-    Evaluation seeds are ``eval_seed + i``, kept below :data:`FIRST_TRAINING_SEED` by
-    :class:`~commgym.experiments.config.RunConfig` (``eval_seed = 1000`` in every shipped
-    scenario), so training and evaluation episodes never coincide.
-
-    Raises:
-        ValueError: a negative ``seed`` (its seeds would fall below
-            :data:`FIRST_TRAINING_SEED`, onto the evaluation seeds).
-    """
-    if seed is not None and int(seed) < 0:
-        raise ValueError(
-            f"seed must be >= 0: training seeds {FIRST_TRAINING_SEED} + 100 x seed would "
-            f"reach the evaluation seeds below {FIRST_TRAINING_SEED}, got seed={seed!r}"
-        )
-    return [FIRST_TRAINING_SEED + 100 * int(seed or 0) + i for i in range(n)]
-
-
 class RolloutTableAgent(StepAgent):
     """Learned table condition -> menu entry (see the module docstring).
 
@@ -161,6 +141,11 @@ class RolloutTableAgent(StepAgent):
     learned = True
     needs_real_env = True
 
+    @property
+    def preparation(self) -> Preparation:
+        """What preparing it cost: its learning's wall time and decisions."""
+        return Preparation(self.cost_s, int(self.cost_decisions))
+
     def __init__(
         self,
         env: gym.Env,
@@ -171,8 +156,7 @@ class RolloutTableAgent(StepAgent):
         anticipate: bool = True,
         resolution_s: float = 1.0,
     ) -> None:
-        if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
-            raise ValueError(f"episodes must be an integer >= 1, got {episodes!r}")
+        check_int("episodes", episodes, 1)
         if (
             isinstance(resolution_s, bool)
             or not isinstance(resolution_s, int | float)
