@@ -85,10 +85,10 @@ from commgym.env.measure import (
     RANK_FIELDS,
     DecisionMeasurement,
     DecisionRecorder,
+    LinkProbe,
     RankMeasurement,
     combine_eval,
 )
-from commgym.env.rank_bench import LinkProbe
 from commgym.env.spaces import ActionMenu, ObservationBuilder
 
 __all__ = [

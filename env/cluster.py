@@ -39,6 +39,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from commgym.collectives.checks import check_int
 from commgym.collectives.errors import CollectiveTimeout, CommgymError, WorkerFailed
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -117,8 +118,7 @@ class LaunchConfig:
             v = getattr(self, name)
             if v is None and name == "batch_size":
                 continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+            check_int(name, v, 1)
         if self.lr is not None and not (isinstance(self.lr, int | float) and self.lr > 0):
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         object.__setattr__(self, "timeout_s", float(self.timeout_s))
@@ -177,8 +177,7 @@ class Cluster:
         extra_env: dict[str, str] | None = None,
         network: EmulatedNetwork | None = None,
     ) -> None:
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+        check_int("world_size", world_size, 1)
         config = LaunchConfig() if config is None else config
         if not isinstance(config, LaunchConfig):
             raise ValueError(f"config must be a LaunchConfig, got {config!r}")

@@ -20,9 +20,14 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    import torch.distributed as dist
 
 __all__ = [
     "DECISION_FIELDS",
@@ -30,6 +35,7 @@ __all__ = [
     "DecisionMeasurement",
     "DecisionRecorder",
     "RankMeasurement",
+    "LinkProbe",
     "combine_eval",
     "decision_info",
     "effective_bandwidth_gbps",
@@ -430,3 +436,48 @@ def measurement_from_info(info: Mapping[str, Any]) -> DecisionMeasurement | None
     """
     measured = info.get("measured")
     return None if measured is None else DecisionMeasurement.from_dict(measured)
+
+
+class LinkProbe:
+    """A fixed-size fp32 all-reduce timed at a decision's end (``probe_bytes``).
+
+    A fixed-size collective measures the link independently of the configuration the
+    decision ran (whose own bytes and waits depend on that configuration). It runs right
+    after the decision's last collective, when an emulated link's token bucket is mostly
+    drained, so it sees the link's rate rather than its burst. No barrier: the caller
+    takes the fastest rank's time (that rank waited for nobody; see
+    :class:`DecisionMeasurement`). The env's worker and
+    :class:`~commgym.agents.scheduler.CommScheduler` both use it, so a policy trained
+    with a probe sees the same figure in replay.
+
+    Args:
+        device: where the buffer lives (CPU for gloo, the rank's GPU for NCCL).
+        group: the process group (default: the world).
+    """
+
+    def __init__(self, device: torch.device, group: dist.ProcessGroup | None = None) -> None:
+        self.device = device
+        self.group = group
+        self._buf: torch.Tensor | None = None
+
+    def __call__(self, nbytes: int) -> float:
+        """All-reduce ``nbytes`` (fp32, rounded down to whole floats, at least one).
+
+        Every rank of the group must call it with the same ``nbytes``.
+
+        Returns:
+            This rank's wall time of the all-reduce, s (0.0 when ``nbytes <= 0``: no probe).
+        """
+        import torch
+        import torch.distributed as dist
+
+        if nbytes <= 0:
+            return 0.0
+        n = max(1, nbytes // 4)
+        if self._buf is None or self._buf.numel() != n:
+            self._buf = torch.zeros(n, dtype=torch.float32, device=self.device)
+        t0 = time.perf_counter()
+        dist.all_reduce(self._buf, group=self.group)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0

@@ -31,50 +31,9 @@ import torch.distributed as dist
 from torch import nn
 
 from commgym.collectives import CommConfig, CompressionSpec, GradientSynchronizer
+from commgym.env.measure import LinkProbe  # noqa: F401 - its old home, re-exported
 
 __all__ = ["bench_allgather", "bench_allreduce", "bench_sync"]
-
-
-class LinkProbe:
-    """A fixed-size fp32 all-reduce timed at a decision's end (``probe_bytes``).
-
-    A fixed-size collective measures the link independently of the configuration the
-    decision ran (whose own bytes and waits depend on that configuration). It runs right
-    after the decision's last collective, when an emulated link's token bucket is mostly
-    drained, so it sees the link's rate rather than its burst. No barrier: the caller
-    takes the fastest rank's time (that rank waited for nobody; see
-    :class:`~commgym.env.measure.DecisionMeasurement`). The env's worker and
-    :class:`~commgym.agents.scheduler.CommScheduler` both use it, so a policy trained
-    with a probe sees the same figure in replay.
-
-    Args:
-        device: where the buffer lives (CPU for gloo, the rank's GPU for NCCL).
-        group: the process group (default: the world).
-    """
-
-    def __init__(self, device: torch.device, group: dist.ProcessGroup | None = None) -> None:
-        self.device = device
-        self.group = group
-        self._buf: torch.Tensor | None = None
-
-    def __call__(self, nbytes: int) -> float:
-        """All-reduce ``nbytes`` (fp32, rounded down to whole floats, at least one).
-
-        Every rank of the group must call it with the same ``nbytes``.
-
-        Returns:
-            This rank's wall time of the all-reduce, s (0.0 when ``nbytes <= 0``: no probe).
-        """
-        if nbytes <= 0:
-            return 0.0
-        n = max(1, nbytes // 4)
-        if self._buf is None or self._buf.numel() != n:
-            self._buf = torch.zeros(n, dtype=torch.float32, device=self.device)
-        t0 = time.perf_counter()
-        dist.all_reduce(self._buf, group=self.group)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter() - t0
 
 
 def bench_allreduce(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:

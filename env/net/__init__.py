@@ -67,6 +67,7 @@ from commgym.env.net.emulated import EmulatedNetwork
 from commgym.env.net.host import (
     delay_available,
     emulation_problem,
+    host_check,
     netem_available,
     tbf_burst_bytes,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "cleanup_leftovers",
     "delay_available",
     "emulation_problem",
+    "host_check",
     "link_rate_gbps",
     "netem_available",
     "tbf_burst_bytes",

@@ -229,3 +229,22 @@ def emulation_problem(specs: Iterable[Any], *, strict: bool = True) -> str | Non
             f"{features.netem_reason}"
         )
     return None
+
+
+def host_check(specs: Iterable[Any], strict: bool = True) -> tuple[str, str] | None:
+    """The one check a network plan passes before anything runs: ``(kind, why)`` or ``None``.
+
+    ``kind`` is ``"host"`` when this host cannot emulate the links at all (privileges,
+    tools, kernel features) and ``"impairments"`` when only their delay, jitter or loss
+    cannot be emulated (no sch_netem; checked only when ``strict``). Callers word the fix
+    for their own users (the env: ``network_strict``; the CLI: ``--drop-impairments``).
+
+    Args:
+        specs: the links a network may put in force (a plan's ``specs``).
+        strict: delay/jitter/loss without sch_netem is a problem.
+    """
+    problem = emulation_problem(specs, strict=False)
+    if problem:
+        return "host", problem
+    problem = emulation_problem(specs) if strict else None
+    return ("impairments", problem) if problem else None

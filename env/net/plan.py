@@ -13,7 +13,6 @@ a configured rate (``info["network"]``).
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import decimal
 import math
@@ -22,7 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from commgym.env.schedule import Condition
+from commgym.env.schedule import Condition, Phases
 
 #: Named network profiles (values are spec strings; see :meth:`NetworkSpec.parse`).
 #:
@@ -240,8 +239,12 @@ class NetworkSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class NetworkSchedule:
+class NetworkSchedule(Phases[NetworkSpec]):
     """A piecewise-constant network over elapsed training time.
+
+    The network's :class:`~commgym.env.schedule.Phases` (the one changing-condition type
+    of network, stragglers and cross traffic): :meth:`spec_at` is its ``value_at``, its
+    per-episode shift is :class:`~commgym.env.schedule.Condition`'s.
 
     Attributes:
         entries: ``(start_seconds, spec)`` pairs, strictly increasing, the first at 0.
@@ -251,7 +254,6 @@ class NetworkSchedule:
             0 keeps the times as given.
     """
 
-    entries: tuple[tuple[float, NetworkSpec], ...]
     shift_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -304,9 +306,7 @@ class NetworkSchedule:
 
     def spec_at(self, elapsed_s: float) -> NetworkSpec:
         """Returns the spec in force after ``elapsed_s`` seconds of training."""
-        times = [t for t, _ in self.entries]
-        i = bisect.bisect_right(times, max(0.0, elapsed_s)) - 1
-        return self.entries[i][1]
+        return self.value_at(elapsed_s)
 
     def __iter__(self):
         return iter(self.entries)
