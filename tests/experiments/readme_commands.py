@@ -139,6 +139,13 @@ HEADROOM = (
     "--seeds 1 --steps-per-decision 1 --time-budget-s 0.5 --max-decisions 1 --tuning-decisions 2"
 )
 
+#: Why the replication recipe's commands are not run as written.
+REPLICATION = (
+    "a headline measurement (two 8-seed invocations of flaky-link with rollout-table, about "
+    "an hour each on this machine); its paths run small in the flaky-link row, "
+    "tests/experiments/test_leaderboard.py and tests/experiments/test_pooling.py"
+)
+
 #: One scenario's per-condition rankings, which ``commgym headroom-bound`` reads.
 PER_CONDITION_QUIET = (
     "commgym leaderboard --scenarios busy-link --agents oracle-static --seeds 2 "
@@ -188,6 +195,16 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         shaped=True,
         expect=("rollout-table: trained in", "oracle-adaptive searched", "Adaptation:"),
     ),
+    # the replication recipe (docs/headroom.md): a recorded headline's two invocations and
+    # their pooling; the leaderboard path runs small in the flaky-link row above, --eval-seed
+    # in test_config/test_leaderboard, and `commgym pool` in tests/experiments/test_pooling.py
+    "commgym leaderboard --scenarios flaky-link --agents rollout-table,oracle-static,"
+    "oracle-adaptive,best-static --seeds 8 --output-dir run-a": NotInCI(REPLICATION),
+    "commgym leaderboard --scenarios flaky-link --agents rollout-table,oracle-static,"
+    "oracle-adaptive,best-static --seeds 8 --eval-seed 1008 --output-dir run-b": NotInCI(
+        REPLICATION
+    ),
+    "commgym pool --runs run-a,run-b": NotInCI(REPLICATION),
     PER_CONDITION_QUIET: Run(HEADROOM, shaped=True, expect=("oracle-static (oracle)",)),
     PER_CONDITION_BUSY: Run(HEADROOM, shaped=True, expect=("oracle-static (oracle)",)),
     "commgym headroom-bound --conditions quiet=quiet/busy-link/static-entries-busy-link.csv,"
