@@ -93,6 +93,7 @@ class SimModel:
         #: look-ups in pure Python beat np.interp's call overhead on the hot path)
         self.tables = [(tables[e][0].tolist(), tables[e][1].tolist()) for e in self.entries]
         self._cache: dict[Any, list[DecisionTiming]] = {}
+        self._wire_cache: dict[Any, float] = {}  # probe and optimizer-state exchanges
         acc = np.asarray(calibration.eval_acc, dtype=np.float64).reshape(-1, 2)
         self._acc = (acc[:, 0].tolist(), acc[:, 1].tolist()) if len(acc) else None
 
@@ -114,7 +115,13 @@ class SimModel:
         """The probe all-reduce of ``probe_bytes`` on the link, s (0 without a probe)."""
         if probe_bytes <= 0:
             return 0.0
-        return self.cal.wire.exchange_s("allreduce", probe_bytes, rate_bit_s, 1)
+        key = ("probe", probe_bytes, rate_bit_s)
+        hit = self._wire_cache.get(key)
+        if hit is None:
+            hit = self._wire_cache[key] = self.cal.wire.exchange_s(
+                "allreduce", probe_bytes, rate_bit_s, 1
+            )
+        return hit
 
     def switch_s(self, prev: int, k: int, rate_bit_s: float | None) -> float:
         """Extra time of switching from flat entry ``prev`` to ``k`` on the link, s.
@@ -124,7 +131,13 @@ class SimModel:
         """
         if prev < 0 or prev == k or self.periods[k] != 1 or self.periods[prev] == 1:
             return 0.0
-        return self.cal.wire.exchange_s("allreduce", self.cal.optimizer_state_bytes, rate_bit_s, 1)
+        key = ("state", rate_bit_s)
+        hit = self._wire_cache.get(key)
+        if hit is None:
+            hit = self._wire_cache[key] = self.cal.wire.exchange_s(
+                "allreduce", self.cal.optimizer_state_bytes, rate_bit_s, 1
+            )
+        return hit
 
     def timings(self, rate_bit_s: float | None) -> list[DecisionTiming]:
         """Every flat entry's :class:`DecisionTiming` on the link (cached per rate)."""
