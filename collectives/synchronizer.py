@@ -45,6 +45,10 @@ __all__ = [
     "check_same_on_all_ranks",
 ]
 
+#: Positions per parameter probed for a non-zero synchronised gradient (see
+#: ``GradientSynchronizer._used_counts``).
+_PROBES = 8
+
 #: Seconds a commgym collective may take before every waiting rank raises
 #: :class:`CollectiveTimeout` (gloo's own default is 30 min, NCCL's 10 min).
 DEFAULT_TIMEOUT_S = 300.0
@@ -337,7 +341,7 @@ class GradientSynchronizer:
         self._compressor: Compressor | None = None
         self._err_ref: dict[int, torch.Tensor] = {}
         self._gather_bufs: dict[tuple[int, int, int], torch.Tensor] = {}
-        # per bucket: flat offsets of its parameters' first elements and their indices
+        # per bucket: flat positions probed for a non-zero result and their parameters
         self._probes: list[tuple[torch.Tensor, list[int]]] | None = None
         self._control_bytes = 0
         self._no_sync = False
@@ -918,19 +922,17 @@ class GradientSynchronizer:
         st = self._state
         plan = self.plan
         if self._probes is None:
-            probes = []
-            for b, idxs in enumerate(plan.buckets):
-                firsts = [(off, i) for off, i in zip(plan.offsets[b], idxs, strict=True)
-                          if self.params[i].numel()]  # fmt: skip
-                index = torch.tensor([o for o, _ in firsts], dtype=torch.long)
-                probes.append((index.to(plan.buffers[b].device), [i for _, i in firsts]))
-            self._probes = probes
+            self._probes = [self._probe_index(b) for b in range(len(plan))]
         unsure = [i for i, p in enumerate(self.params) if p.numel() == 0]
-        for buf, (index, idxs) in zip(plan.buffers, self._probes, strict=True):
-            if not idxs:
+        for buf, (index, owners) in zip(plan.buffers, self._probes, strict=True):
+            if not owners:
                 continue
-            zero = (buf.index_select(0, index) == 0).tolist()
-            unsure += [i for i, z in zip(idxs, zero, strict=True) if z and not plan.views[i].any()]
+            nonzero = (buf.index_select(0, index) != 0).tolist()  # NaN counts as non-zero
+            seen: dict[int, bool] = {}
+            for i, nz in zip(owners, nonzero, strict=True):
+                seen[i] = seen.get(i, False) or nz
+            # only a parameter whose probes are all zero is read whole
+            unsure += [i for i, nz in seen.items() if not nz and not plan.views[i].any()]
         if not unsure:
             return None
         unsure.sort()
@@ -949,6 +951,25 @@ class GradientSynchronizer:
         for i, c in zip(unsure, ctl.tolist(), strict=True):
             counts[i] = c
         return counts
+
+    def _probe_index(self, b: int) -> tuple[torch.Tensor, list[int]]:
+        """Flat positions in bucket ``b`` probed per parameter, and the owner of each.
+
+        Up to :data:`_PROBES` positions per parameter, one in each of as many equal
+        segments of its region at a varying offset (a dead ReLU unit zeroes a whole row
+        or column of a weight's gradient, so a first element alone is often zero).
+        """
+        plan = self.plan
+        positions, owners = [], []
+        for off, i in zip(plan.offsets[b], plan.buckets[b], strict=True):
+            numel = self.params[i].numel()
+            count = min(_PROBES, numel)
+            for t in range(count):
+                seg = numel // count
+                positions.append(off + t * seg + (t * 131) % seg)
+                owners.append(i)
+        index = torch.tensor(positions, dtype=torch.long, device=plan.buffers[b].device)
+        return index, owners
 
     def _misuse(self) -> str:
         """What was done wrongly between backward and synchronize() ('' if nothing)."""
