@@ -41,16 +41,21 @@ and the module defining it is imported where ``app`` is run, so the command is r
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from commgym.experiments.bench.commands import bench_app
+from commgym.experiments.cli_checks import (
+    check_outputs,
+    check_policy,
+    check_policy_file,
+    check_tracking,
+    check_writable_dir,
+)
 from commgym.experiments.cli_options import (
     CONFIG_HELP,
     ENV_OPTIONS,
@@ -119,124 +124,6 @@ def results_index(root: str = "experiments/results") -> None:
     typer.echo(f"wrote {out} ({len(read_records(root))} records)")
 
 
-def _check_writable_dir(path: str | os.PathLike[str], what: str) -> None:
-    """Fail unless ``path`` is, or can be created as, a writable folder (leaves nothing).
-
-    Raises:
-        ValueError: a component is a file, or the nearest existing folder is not writable.
-    """
-    p = Path(path).expanduser().absolute()
-    probe = p
-    try:
-        while not probe.exists():
-            probe = probe.parent
-    except OSError as err:  # an ancestor cannot be searched
-        raise ValueError(f"{what} {str(path)!r} is not writable ({err.strerror})") from None
-    if not probe.is_dir():
-        raise ValueError(f"{what} {str(path)!r} cannot be created: {probe} is a file, not a folder")
-    # a real probe, created and removed at once: permission bits say nothing for root,
-    # and pseudo file systems (/proc) refuse folders whatever they say
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".commgym-probe-", dir=probe))
-    except OSError as err:
-        mount, kind = _mount_of(probe)
-        if kind in _PSEUDO_FILE_SYSTEMS:  # their errno (ENOENT for /proc) misleads
-            raise ValueError(
-                f"{what} {str(path)!r} is not writable: {mount} is the {kind} pseudo file "
-                "system, where no folder can be created; choose a folder on a disk"
-            ) from None
-        raise ValueError(
-            f"{what} {str(path)!r} is not writable ({probe}: {err.strerror or err})"
-        ) from None
-
-
-#: File systems of kernel interfaces: they hold no user folders, whatever the mode bits say.
-_PSEUDO_FILE_SYSTEMS = frozenset(
-    {"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs",
-     "pstore", "bpf", "efivarfs", "fusectl", "binfmt_misc", "devpts", "mqueue"}
-)  # fmt: skip
-
-
-def _mount_of(path: Path) -> tuple[str, str | None]:
-    """``(mount point, file system type)`` holding ``path`` (from /proc/self/mounts)."""
-    real = os.path.realpath(path)
-    best, kind = "/", None
-    try:
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return best, kind
-    for line in mounts:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ")
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, fields[2]
-    return best, kind
-
-
-def _check_tracking(uri: str | None) -> None:
-    """Fail when the tracking store named by ``uri`` (or the default) cannot be used.
-
-    An ``http(s)://`` server must answer its health probe within 3 s; a SQLite store's
-    folder must be writable. Nothing is created. (Library users of ``Tracker`` keep its
-    degrade-to-no-op behaviour; on the command line the user asked for that store.)
-    """
-    from commgym.experiments.tracking.store import (
-        default_tracking_uri,
-        is_remote,
-        probe_server,
-    )
-
-    uri = uri or default_tracking_uri()
-    if is_remote(uri):
-        err = probe_server(uri, 3.0)
-        if err is not None:
-            raise ValueError(
-                f"MLflow tracking server {uri} is unreachable ({err}); start it, or omit "
-                "--tracking-uri / MLFLOW_TRACKING_URI to log to ./mlflow.db"
-            )
-    elif uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///") :].split("?", 1)[0])
-        if db.exists() and not os.access(db, os.W_OK):
-            raise ValueError(f"MLflow store {db} is not writable")
-        _check_writable_dir(db.parent, "folder of the MLflow store")
-
-
-def _check_policy_file(policy: str) -> None:
-    """Fail unless ``policy`` is a commgym policy zip (reads only its JSON member)."""
-    from commgym.agents.base import read_policy_json
-
-    read_policy_json(policy)
-
-
-def _check_policy(policy: str, cfg: Any) -> None:
-    """Fail unless ``policy`` is a policy zip or a static preset on ``cfg``'s menu.
-
-    Raises:
-        ValueError, FileNotFoundError: what is wrong with it, ``--policy`` named.
-    """
-    from commgym.agents.baselines import resolve_preset
-
-    try:
-        if policy.startswith("static:"):
-            resolve_preset(cfg.env_config.menu, policy.partition(":")[2])
-        else:
-            _check_policy_file(policy)
-    except (ValueError, FileNotFoundError) as err:
-        raise type(err)(f"{err} (--policy)") from err
-
-
-def _check_outputs(cfg: Any) -> None:
-    """Validate the network and where a train/evaluate run will write, before it writes."""
-    from commgym.experiments.session import check_network
-
-    check_network(cfg.env_config.network_plan, cfg.env_config.network_strict)
-    _check_writable_dir(cfg.output_dir, "--output-dir")
-    _check_tracking(cfg.tracking_uri)
-
-
 #: Where a command's real episodes run (``--executor``, ``--ray-address``, ``--ray-envs``).
 EXECUTOR_OPTIONS: tuple[str, ...] = ("executor", "ray_address", "ray_envs")
 
@@ -274,7 +161,7 @@ def train_cmd(config: str | None = None, *, overrides: dict[str, Any]) -> None:
 
     try:
         cfg = load_run_config(config or "default", overrides)
-        _check_outputs(cfg)
+        check_outputs(cfg)
     except (ValueError, FileNotFoundError) as err:
         fail(err)
     from commgym.experiments.train import train
@@ -294,8 +181,8 @@ def evaluate_cmd(policy: str, config: str | None = None, *, overrides: dict[str,
 
     try:
         cfg = load_run_config(config or "default", overrides)
-        _check_policy(policy, cfg)
-        _check_outputs(cfg)
+        check_policy(policy, cfg)
+        check_outputs(cfg)
     except (ValueError, FileNotFoundError) as err:
         fail(err)
     from commgym.experiments.evaluation import evaluate
@@ -304,34 +191,6 @@ def evaluate_cmd(policy: str, config: str | None = None, *, overrides: dict[str,
         evaluate(cfg, policy)
     except (ValueError, FileNotFoundError) as err:
         fail(err)
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _stop_group(proc: Any, timeout_s: float = 10.0) -> None:
-    """SIGTERM the server's process group (uvicorn and its workers), SIGKILL if it lingers."""
-    import subprocess
-
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            continue
 
 
 #: Options of ``commgym ui``.
@@ -345,54 +204,6 @@ UI_OPTIONS = {
     ),
 }
 
-#: The UI's model-training view. MLflow 3's UI takes the view (GenAI or machine
-#: learning) from this URL parameter, else from the browser's last choice (GenAI on a
-#: first visit); it does not read the experiment's ``mlflow.experimentKind`` tag.
-UI_VIEW = "workflowType=machine_learning"
-
-
-def _ui_log_path(uri: str, port: int) -> Path:
-    """Where the server's log lines go: beside a SQLite store, else in the temp folder."""
-    if uri.startswith("sqlite:///"):
-        return Path(uri[len("sqlite:///") :].split("?", 1)[0]).parent / "mlflow-ui.log"
-    return Path(tempfile.gettempdir()) / f"commgym-mlflow-ui-{port}.log"
-
-
-def _api(base: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One MLflow REST call (POST with ``body``, else GET), its JSON answer."""
-    import json
-    import urllib.request
-
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        f"{base}/api/2.0/mlflow/{path}", data=data, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read() or b"{}")
-
-
-def ui_landing(base: str) -> tuple[str, str | None]:
-    """The URL that opens the runs of the experiment with the latest run, and its name.
-
-    Asks the running server (its REST API); without any run, the experiments list. Both
-    open in the model-training view (:data:`UI_VIEW`).
-
-    Returns:
-        ``(url, experiment name or None)``.
-    """
-    experiments = _api(base, "experiments/search?max_results=1000").get("experiments", [])
-    by_id = {e["experiment_id"]: e["name"] for e in experiments}
-    runs = _api(
-        base,
-        "runs/search",
-        {"experiment_ids": list(by_id), "order_by": ["attributes.start_time DESC"],
-         "max_results": 1},
-    ).get("runs", []) if by_id else []  # fmt: skip
-    if not runs:
-        return f"{base}/#/?{UI_VIEW}", None
-    exp_id = runs[0]["info"]["experiment_id"]
-    return f"{base}/#/experiments/{exp_id}/runs?{UI_VIEW}", by_id.get(exp_id)
-
 
 @app.command("ui")
 @own_options(UI_OPTIONS)
@@ -402,59 +213,24 @@ def ui_cmd(tracking_uri: str | None = None, port: int = 5000, workers: int = 1) 
     Says when the server answers (its start takes from seconds to minutes on a busy
     machine) and prints the URL of the latest experiment's runs in the model-training
     view; the server's own log lines go to a file (``mlflow-ui.log`` beside a SQLite
-    store), not the terminal. Ctrl-C, SIGTERM or SIGHUP stop the whole server.
+    store), not the terminal. Ctrl-C, SIGTERM or SIGHUP stop the whole server
+    (:mod:`commgym.experiments.tracking.ui`).
     """
-    import subprocess
-    import time
-    import urllib.request
-
-    from commgym.experiments.progress import console, phase
     from commgym.experiments.tracking import default_tracking_uri
+    from commgym.experiments.tracking.ui import port_free, serve_ui, ui_log_path
 
     uri = tracking_uri or default_tracking_uri()
-    if not _port_free(port):
+    if not port_free(port):
         fail(f"port {port} on 127.0.0.1 is in use (another MLflow UI?); choose one with --port")
-    log_path = _ui_log_path(uri, port)
+    log_path = ui_log_path(uri, port)
     try:
-        _check_writable_dir(log_path.parent, "folder of the UI's log")
+        check_writable_dir(log_path.parent, "folder of the UI's log")
     except ValueError as err:
         fail(err)
-    cmd = [
-        sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-        "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-        "--uvicorn-opts", "--no-access-log",
-    ]  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    with log_path.open("ab") as log:
-        # own process group: stopping it reaches uvicorn's workers, not only the launcher
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
     try:
-        with phase(f"starting the MLflow UI for {uri}"):
-            while proc.poll() is None:
-                try:
-                    with urllib.request.urlopen(base + "/health", timeout=2) as resp:
-                        if resp.status == 200:
-                            break
-                except OSError:
-                    time.sleep(0.5)
-        if proc.poll() is not None:
-            fail(
-                f"the MLflow UI exited with status {proc.returncode} before answering; "
-                f"its log: {log_path}"
-            )
-        try:
-            url, experiment = ui_landing(base)
-        except (OSError, ValueError, KeyError):  # an old server: its home page still works
-            url, experiment = f"{base}/#/?{UI_VIEW}", None
-        what = f"runs of experiment {experiment!r}" if experiment else "no runs yet"
-        console.print(f"MLflow UI ready: [bold]{url}[/bold]  ({what}; Ctrl-C to stop)")
-        console.print(f"server log: {log_path}")
-        rc = proc.wait()
-    finally:
-        _stop_group(proc)
+        rc = serve_ui(uri, port, workers, log_path)
+    except RuntimeError as err:
+        fail(err)
     raise typer.Exit(rc)
 
 
@@ -482,13 +258,13 @@ def replay_cmd(policy: str, steps: int | None = None, *, overrides: dict[str, An
 
     if not policy.startswith("static:"):
         try:
-            _check_policy_file(policy)
+            check_policy_file(policy)
         except (ValueError, FileNotFoundError) as err:
             fail(f"{err}; --policy takes {_REPLAY_POLICY_FORMS}")
     try:
         cfg = replay_config(overrides, steps=steps)
         if policy.startswith("static:"):
-            _check_policy(policy, cfg)
+            check_policy(policy, cfg)
         check_network(cfg.env_config.network_plan, cfg.env_config.network_strict)
         replay(policy, cfg)
     except FileNotFoundError as err:
@@ -530,7 +306,7 @@ def collect_cmd(
     """
     from commgym.experiments.collect import collect, fit_surrogate
     from commgym.experiments.config import load_run_config
-    from commgym.experiments.executor import open_executor
+    from commgym.experiments.executors import open_executor
     from commgym.experiments.session import check_network
 
     seed = overrides.get("seed", 0)
@@ -757,8 +533,8 @@ def leaderboard_cmd(
     tracking_uri = overrides.pop("tracking_uri", None)
     where = {k: overrides.pop(k) for k in EXECUTOR_OPTIONS if k in overrides}
     try:
-        _check_writable_dir(output_dir, "--output-dir")
-        _check_tracking(tracking_uri)
+        check_writable_dir(output_dir, "--output-dir")
+        check_tracking(tracking_uri)
         if policy_dir is not None and not Path(policy_dir).is_dir():
             raise ValueError(f"--policy-dir {policy_dir!r} is not a folder")
         run_leaderboard(

@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from commgym.collectives.checks import check_int
+
 __all__ = [
     "CLI_FIELDS",
     "CONFIG_DIR",
@@ -75,7 +77,7 @@ class RunConfig:
             applies to agents that can fine-tune only (:func:`load_run_config`).
         executor: where real episodes run: ``"local"`` (embedded: this process's env, one
             episode after another) or ``"ray"`` (env actors on a Ray cluster, independent
-            episodes in parallel; :mod:`commgym.experiments.executor`, needs the
+            episodes in parallel; :mod:`commgym.experiments.executors`, needs the
             ``commgym[ray]`` extra).
         ray_address: the Ray cluster of ``executor="ray"``, as ``ray.init`` takes it
             (``"auto"``, ``HOST:PORT``, ``ray://HOST:PORT``); ``None``: ``$RAY_ADDRESS``,
@@ -114,14 +116,10 @@ class RunConfig:
             v = getattr(self, name)
             if v is None and name == "tuning_decisions":
                 continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+            check_int(name, v, 1)
         ft = self.fine_tune_episodes
-        if isinstance(ft, bool) or not isinstance(ft, int) or not 0 <= ft <= 10:
-            raise ValueError(
-                f"fine_tune_episodes must be an integer in 0..10 (a few real episodes after "
-                f"learning on the surrogate), got {ft!r}"
-            )
+        note = " (a few real episodes after learning on the surrogate)"
+        check_int("fine_tune_episodes", ft, 0, 10, note)
         if ft and self.env_kind != "surrogate":
             raise ValueError(
                 f"fine_tune_episodes={ft} refines a policy learned on the surrogate; with "
@@ -203,8 +201,8 @@ class RunConfig:
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {list(EXECUTORS)}, got {self.executor!r}")
         envs = self.ray_envs
-        if envs is not None and (isinstance(envs, bool) or not isinstance(envs, int) or envs < 1):
-            raise ValueError(f"ray_envs must be an integer >= 1, got {envs!r}")
+        if envs is not None:
+            check_int("ray_envs", envs, 1)
         if self.executor == "local" and (self.ray_address is not None or envs is not None):
             raise ValueError(
                 f"ray_address={self.ray_address!r} / ray_envs={envs!r} take effect with "
@@ -439,7 +437,7 @@ def load_run_config(
         FileNotFoundError: the YAML file does not exist.
         ValueError: unknown keys (with close-match suggestions) or invalid values.
     """
-    from commgym.env.allreduce_env import EnvConfig
+    from commgym.env.config import EnvConfig
 
     run_fields = [f.name for f in fields(RunConfig)]
     env_fields = [f.name for f in fields(EnvConfig) if f.init]

@@ -25,6 +25,7 @@ from rich.table import Table
 
 from commgym.agents.rollout import Episode, rollout
 from commgym.experiments.config import RunConfig
+from commgym.experiments.executors import LOCAL, Executor
 from commgym.experiments.progress import console, phase
 from commgym.experiments.reruns import Rerun, rerun_lines
 from commgym.experiments.session import announce, make_env, parent_params, slug, start_ranks
@@ -114,7 +115,7 @@ def mean_pm(values: list[float], fmt: str) -> str:
 
 def return_label(cfg: RunConfig) -> str:
     """What the episode return measures under the scenario's reward."""
-    reward = cfg.env.get("reward", "log_progress")
+    reward = cfg.env_config.reward
     return {
         "log_progress": "return: log-loss decrease in budget",
         "time_to_target": "return: -time to target / budget",
@@ -126,13 +127,13 @@ def print_table(
     results: dict[str, list[Episode]], cfg: RunConfig, *, show_return: bool = True
 ) -> Table:
     """The comparison table (one row per agent: means over its seeds), printed and returned."""
-    budget = cfg.env.get("time_budget_s", "default")
-    target = cfg.env.get("target_loss")
+    budget = cfg.env_config.time_budget_s
+    target = cfg.env_config.target_loss
     goal = f", target held-out loss {target}" if target is not None else ", no target loss"
     seeds = max((len(v) for v in results.values()), default=0)
     stat = "mean ± 95% CI" if seeds > 1 else "one seed: no interval"
     table = Table(
-        title=f"{cfg.env.get('workload', 'mlp-digits')}, {cfg.env.get('world_size', 2)} ranks, "
+        title=f"{cfg.env_config.workload}, {cfg.env_config.world_size} ranks, "
         f"{cfg.env_config.network_plan.label()}, {seeds} seed{'s' if seeds != 1 else ''}, "
         f"training budget {budget} s per episode{goal} ({stat})"
     )
@@ -167,7 +168,7 @@ def print_table(
 
 def _evaluation_phase(cfg: RunConfig, runs: int, what: str) -> Any:
     """Progress over ``runs`` episodes, counted in training seconds of the budget."""
-    budget = float(cfg.env.get("time_budget_s", 0) or 0)
+    budget = float(cfg.env_config.time_budget_s)
     if budget > 0 and math.isfinite(budget):
         return phase(what, runs * budget, unit="s of training")
     return phase(what, runs, unit="episodes")
@@ -208,54 +209,6 @@ def _log_episode(run: Any, wrapped: Any, res: Episode, csv: Path) -> None:
     )
 
 
-def _compare_on_ray(
-    cfg: RunConfig,
-    env: gym.Env,
-    players: dict[str, Any],
-    cells: list[tuple[str, int]],
-    tracker: Any,
-    parent_id: str | None,
-    out: Path,
-    scenario: str | None,
-    executor: Any,
-    adv: Callable[[float], None],
-    by_time: bool,
-) -> dict[tuple[str, int], Episode]:
-    """:func:`compare`'s ``(player, seed)`` cells in parallel on env actors, logged here in order.
-
-    Each cell sends back its steps; they go through the same
-    :class:`~commgym.experiments.tracking.TrackingWrapper` as a local episode's, so the
-    child runs, metrics and CSVs are the same. A child run also gets the Ray node and
-    actor it ran on as tags (``commgym.ray_node``, ``commgym.ray_actor``).
-    """
-    from collections import Counter
-
-    from commgym.experiments.executor import policy_bytes
-    from commgym.experiments.tracking import TrackingWrapper
-
-    policies = {name: policy_bytes(players[name]) for name in dict.fromkeys(n for n, _ in cells)}
-    played: dict[tuple[str, int], Episode] = {}
-    nodes: Counter[str] = Counter()
-    target = cfg.env.get("target_loss")
-    for i, done in executor.episodes(cfg.env_config, cells, policies, target):
-        name, seed = cells[i]
-        res = done.episode
-        tags = {"commgym.ray_node": done.node_id, "commgym.ray_actor": done.actor}
-        with _child_run(tracker, parent_id, scenario, name, seed, tags) as run:
-            wrapped = TrackingWrapper(env, run)
-            for action, reward, terminated, truncated, info in done.transitions:
-                wrapped.record(action, reward, terminated, truncated, info)
-            if not done.transitions:  # the actor died: the failure is the only step
-                wrapped.record(None, 0.0, True, False, dict(res.final_info or {}))
-            _log_episode(run, wrapped, res, out / f"decisions-{slug(name)}-seed{seed}.csv")
-        played[(name, seed)] = res
-        nodes[done.node_id] += 1
-        adv(float(cfg.env["time_budget_s"]) if by_time else 1.0)
-    where = ", ".join(f"{node[:12]} x{n}" for node, n in sorted(nodes.items()))
-    console.print(f"{len(cells)} episodes ran on {len(nodes)} Ray node(s): {where}")
-    return played
-
-
 def compare(
     cfg: RunConfig,
     env: gym.Env,
@@ -264,7 +217,7 @@ def compare(
     parent_id: str | None,
     out: Path,
     scenario: str | None = None,
-    executor: Any = None,
+    executor: Executor = LOCAL,
 ) -> tuple[dict[str, list[Episode]], list[Path], list[Rerun]]:
     """Every agent on the same seeds on real ranks; returns the episodes, figures and re-runs.
 
@@ -283,9 +236,12 @@ def compare(
     schedules are re-run by the oracle itself
     (:meth:`~commgym.agents.OracleAdaptiveAgent.for_seed`).
 
-    With a :class:`~commgym.experiments.executor.RayExecutor` the ``(player, seed)`` cells
-    run in parallel on its env actors (submitted seed-major) and are logged here; a
-    schedule found per seed in hindsight runs here.
+    The ``(player, seed)`` cells are played by ``executor``
+    (:meth:`~commgym.experiments.executors.Executor.play`: here one after another, or in
+    parallel on Ray's env actors, submitted seed-major) and logged here in the order they
+    come back; each child run replays its episode's steps through the same
+    :class:`~commgym.experiments.tracking.TrackingWrapper`, and one played on a Ray actor
+    also gets the node and actor as tags (``commgym.ray_node``, ``commgym.ray_actor``).
     """
     from commgym.experiments.plots import (
         action_timeline_plot,
@@ -295,7 +251,7 @@ def compare(
     from commgym.experiments.reruns import RerunPlan
     from commgym.experiments.tracking import TrackingWrapper
 
-    target = cfg.env.get("target_loss")
+    target = cfg.env_config.target_loss
     network = cfg.env_config.network_plan.label()
     seeds = [cfg.eval_seed + i for i in range(cfg.episodes)]
     plan = RerunPlan(agents, seeds, float(cfg.env_config.time_budget_s))
@@ -306,29 +262,27 @@ def compare(
     with _evaluation_phase(
         cfg, len(cells), f"evaluating {len(agents)} agents on real ranks"
     ) as adv:
-        by_time = float(cfg.env.get("time_budget_s", 0) or 0) > 0
-        # a bound in hindsight plays each seed's own schedule (a ScheduleAgent, not a policy
-        # file an actor could load): its episodes run here, the others on the actors
-        here = [c for c in cells if executor is None or hasattr(players[c[0]], "for_seed")]
-        if executor is not None:
-            remote = [c for c in cells if c not in here]
-            played = _compare_on_ray(
-                cfg, env, players, remote, tracker, parent_id, out, scenario, executor, adv,
-                by_time,
-            )  # fmt: skip
-        for name, seed in here:
-            agent = players[name]
-            clock = TrainingClock(adv)
-            with _child_run(tracker, parent_id, scenario, name, seed) as run:
+        by_time = float(cfg.env_config.time_budget_s) > 0
+        clock = TrainingClock(adv)
+        for i, done in executor.play(
+            env, cfg.env_config, cells, players, target, clock if by_time else None
+        ):
+            name, seed = cells[i]
+            res = done.episode
+            tags = {"commgym.ray_node": done.node_id, "commgym.ray_actor": done.actor}
+            with _child_run(
+                tracker, parent_id, scenario, name, seed, tags if done.node_id else None
+            ) as run:
                 wrapped = TrackingWrapper(env, run)
-                player = agent.for_seed(seed) if hasattr(agent, "for_seed") else agent
-                res = rollout(
-                    wrapped, player, seed, target_loss=target, on_step=clock if by_time else None
-                )
+                for action, reward, terminated, truncated, info in done.transitions:
+                    wrapped.record(action, reward, terminated, truncated, info)
+                if not done.transitions:  # the actor died: the failure is the only step
+                    wrapped.record(None, 0.0, True, False, dict(res.final_info or {}))
                 _log_episode(run, wrapped, res, out / f"decisions-{slug(name)}-seed{seed}.csv")
-                played[(name, seed)] = res
+            played[(name, seed)] = res
             # an episode that ended early (target, failure) finishes its share
-            adv(float(cfg.env["time_budget_s"]) - clock.done_s if by_time else 1.0)
+            adv(float(cfg.env_config.time_budget_s) - clock.done_s if by_time else 1.0)
+            clock.done_s = 0.0
     oracles, reruns = plan.fold(played)
     results = {
         name: oracles[name] if name in oracles else [played[(name, s)] for s in seeds]
@@ -383,13 +337,19 @@ def build_agent(name: str, env: gym.Env, cfg: RunConfig, hyperparams: dict[str, 
     return make_agent(name, env, **kwargs)
 
 
-def search_oracle(name: str, agent: Any, cost: TrainingCost, *, real: bool = True) -> None:
+def search_oracle(
+    name: str, agent: Any, cost: TrainingCost, executor: Executor = LOCAL, *, real: bool = True
+) -> None:
     """Run an oracle's exhaustive search under a progress bar; count it in ``cost``.
 
     Args:
         name: the oracle's name (``oracle-static``).
-        agent: the oracle (``agent.oracle``), built by :func:`build_agent`.
+        agent: the oracle (``agent.oracle``, or ``best-static``), built by :func:`build_agent`.
         cost: receives ``search_s`` and the search's decisions (real ones if ``real``).
+        executor: where its episodes run
+            (:meth:`~commgym.experiments.executors.Executor.search`: ``oracle-static``'s
+            (entry, seed) episodes in parallel on Ray's env actors; an oracle that forks
+            episodes always on the agent's own env).
         real: the search ran on real ranks (not the surrogate).
     """
     from commgym.agents import OracleStaticAgent
@@ -399,11 +359,11 @@ def search_oracle(name: str, agent: Any, cost: TrainingCost, *, real: bool = Tru
         episodes = len(agent.entries) * len(agent.seeds)
         seeds = "the evaluation seeds" if agent.oracle else f"training seeds {agent.seeds}"
         with phase(f"{name}: every menu entry on {seeds}", episodes, unit="episodes") as adv:
-            agent.learn(callback=EpisodeCounter(adv))
+            executor.search(agent, adv)
         what = f"{len(agent.ranking)} entries"
     else:  # oracle-adaptive: forks at every phase boundary (how many depends on pruning)
         with phase(f"{name}: every menu entry at every phase boundary on the evaluation seeds"):
-            agent.learn()
+            executor.search(agent)
         what = "every phase boundary"
     seconds = time.perf_counter() - t0
     cost.add("search_s", seconds, int(agent.search_decisions) if real else 0)
@@ -418,7 +378,7 @@ def prepare_baseline(
     env: gym.Env,
     cfg: RunConfig,
     prepared: dict[str, Any] | None = None,
-    executor: Any = None,
+    executor: Executor = LOCAL,
 ) -> tuple[Any, TrainingCost]:
     """Build a baseline agent; tuners (bayesopt, grid, bandit, ...) tune first on the env.
 
@@ -428,10 +388,10 @@ def prepare_baseline(
     its tuning already counts in the measured time) and static presets get no tuning
     phase; the oracles run their searches (``search_s``): ``oracle-static`` every entry on
     the evaluation seeds, ``oracle-adaptive`` every entry at every phase boundary (on top
-    of ``oracle-static``'s search, shared when ``prepared`` holds a learned one). With a
-    :class:`~commgym.experiments.executor.RayExecutor` the tuning runs on an env actor
-    and ``oracle-static``'s (entry, seed) episodes run in parallel on all of them
-    (``oracle-adaptive`` forks episodes on this process's ranks).
+    of ``oracle-static``'s search, shared when ``prepared`` holds a learned one). The
+    executor decides where: on Ray the tuning runs on an env actor and ``oracle-static``'s
+    (entry, seed) episodes in parallel on all of them (``oracle-adaptive`` forks episodes
+    on this process's ranks).
 
     Args:
         name: the agent's name (registry name or ``static:<preset>``).
@@ -439,7 +399,7 @@ def prepare_baseline(
         cfg: the run configuration.
         prepared: agents built before, by name (``oracle-adaptive`` reuses
             ``oracle-static``'s search from here).
-        executor: a :class:`~commgym.experiments.executor.RayExecutor`, or ``None``.
+        executor: where episodes run (:class:`~commgym.experiments.executors.Executor`).
 
     Returns:
         ``(agent, cost)``.
@@ -460,53 +420,18 @@ def prepare_baseline(
             hyper["static"] = shared[0]
     agent = build_agent(name, env, cfg, hyper)
     if agent.oracle or isinstance(agent, OracleStaticAgent):  # best-static searches as well
-        if executor is not None and isinstance(agent, OracleStaticAgent):
-            t0 = time.perf_counter()
-            with phase(f"{name}: every menu entry on its seeds {agent.seeds}"):
-                _search_on_ray(agent, env, cfg, executor)
-            cost.add("search_s", time.perf_counter() - t0, int(agent.search_decisions))
-            kind = "search cost, reported apart" if agent.oracle else "its tuning cost"
-            console.print(
-                f"{name} searched {len(agent.ranking)} entries in {cost.wall_s:.1f} s "
-                f"({agent.search_decisions} real decisions; {kind})"
-            )
-        else:
-            search_oracle(name, agent, cost)
+        search_oracle(name, agent, cost, executor)
     elif not name.startswith("static:") and name != "random" and not agent.online:
         n = cfg.resolved_tuning_decisions
-        if executor is None:
-            t0 = time.perf_counter()
-            with phase(f"tuning baseline {name} on real ranks", n, unit="decisions") as adv:
-                agent.learn(n, callback=lambda _: adv(1))
-            cost.add("tune_s", time.perf_counter() - t0, n)
-        else:
-            from commgym.experiments.executor import load_policy, tune_agent
-
-            with phase(f"tuning baseline {name} on a Ray env actor"):
-                kwargs = {"seed": cfg.seed, **hyper}
-                [(_, (blob, secs))] = executor.run(cfg.env_config, tune_agent, [(name, kwargs, n)])
-            agent = load_policy(env, blob)
-            cost.add("tune_s", secs, n)
+        kwargs = {"seed": cfg.seed, **hyper}
+        with phase(f"tuning baseline {name} {executor.where}", n, unit="decisions") as adv:
+            agent, secs = executor.tune(name, agent, kwargs, n, adv)
+        cost.add("tune_s", secs, n)
         console.print(
             f"baseline {name} tuned on {n} real decisions in {cost.wall_s:.1f} s "
             "(tuning cost; set with --tuning-decisions)"
         )
     return agent, cost
-
-
-def _search_on_ray(agent: Any, env: gym.Env, cfg: RunConfig, executor: Any) -> None:
-    """``oracle-static``'s search as parallel (entry, seed) episode cells."""
-    from commgym.agents.baselines import StaticAgent
-    from commgym.experiments.executor import policy_bytes
-
-    t0 = time.perf_counter()
-    policies = {e: policy_bytes(StaticAgent(env, preset=e)) for e in agent.entries}
-    cells = [(e, s) for e in agent.entries for s in agent.seeds]
-    episodes: dict[str, list[Episode]] = {e: [] for e in agent.entries}
-    target = cfg.env_config.target_loss
-    for i, played in executor.episodes(cfg.env_config, cells, policies, target):
-        episodes[cells[i][0]].append(played.episode)
-    agent.rank(episodes, search_cost_s=time.perf_counter() - t0)
 
 
 def compare_with_baselines(
@@ -517,7 +442,7 @@ def compare_with_baselines(
     tracker: Any,
     parent: Any,
     out: Path,
-    executor: Any = None,
+    executor: Executor = LOCAL,
 ) -> dict[str, list[Episode]]:
     """Evaluate ``agent`` and ``cfg.baselines`` on the same seeds; log, plot and print."""
     agents = {name: agent}
@@ -565,7 +490,7 @@ def sim_to_real_gap(
     Logs ``<prefix>sim2real/surrogate_return``, ``<prefix>sim2real/real_return`` and
     ``<prefix>sim2real/gap``.
     """
-    target = cfg.env.get("target_loss")
+    target = cfg.env_config.target_loss
     sim = [rollout(surrogate, agent, r.seed, target_loss=target).episode_return for r in real]
     sim_mean = statistics.fmean(sim)
     real_mean = statistics.fmean(r.episode_return for r in real)
@@ -602,7 +527,7 @@ def evaluate(cfg: RunConfig, policy: str | Path) -> dict[str, list[Episode]]:
     from commgym.agents import load_agent, make_agent
     from commgym.agents.base import read_policy_json
     from commgym.agents.scheduler import is_policy_file
-    from commgym.experiments.executor import open_executor
+    from commgym.experiments.executors import open_executor
     from commgym.experiments.tracking import Tracker
 
     is_file = is_policy_file(policy)

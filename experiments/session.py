@@ -14,7 +14,8 @@ from typing import Any
 import gymnasium as gym
 
 from commgym.experiments.config import RunConfig
-from commgym.experiments.progress import console, phase
+from commgym.experiments.executors import LOCAL, Executor
+from commgym.experiments.progress import console
 
 __all__ = ["announce", "check_network", "make_env", "parent_params", "slug", "start_ranks"]
 
@@ -44,46 +45,27 @@ def check_network(plan: Any, strict: bool = True, source: str = "--network") -> 
     """
     if not plan.emulated:
         return
-    from commgym.env.net import emulation_problem
+    from commgym.env.net import host_check
 
-    problem = emulation_problem(plan.specs, strict=False)
-    if problem:
-        raise ValueError(
-            f"{source} ({plan.label()}): {problem}; without a network the ranks run on "
-            "unshaped loopback"
-        )
-    problem = emulation_problem(plan.specs) if strict else None
-    if problem:
-        raise ValueError(
-            f"{source} ({plan.label()}): {problem}; add --drop-impairments to drop "
-            "delay/jitter/loss with a warning and keep the rate shaping"
-        )
+    found = host_check(plan.specs, strict)
+    if found is not None:
+        kind, problem = found
+        fix = {
+            "host": "without a network the ranks run on unshaped loopback",
+            "impairments": "add --drop-impairments to drop delay/jitter/loss with a warning and "
+            "keep the rate shaping",
+        }[kind]
+        raise ValueError(f"{source} ({plan.label()}): {problem}; {fix}")
 
 
-def start_ranks(cfg: RunConfig, env: gym.Env, executor: Any = None) -> None:
-    """Launch the ranks (first reset) under a spinner; say what network they run on.
+def start_ranks(cfg: RunConfig, env: gym.Env, executor: Executor = LOCAL) -> None:
+    """Bring up what the episodes run on, and say so (:meth:`Executor.start`).
 
-    With a :class:`~commgym.experiments.executor.RayExecutor` no rank starts here: say
-    where the env actors run instead (each launches its own ranks when first used).
+    The local executor launches the ranks (first reset) under a spinner and says what
+    network they run on; a Ray executor starts no rank here and says where its env actors
+    run (each launches its own ranks when first used).
     """
-    world, plan = cfg.env_config.world_size, cfg.env_config.network_plan
-    if executor is not None:
-        console.print(executor.summary(cfg.env_config))
-        return
-    where = "on an emulated network" if plan.emulated else "on loopback"
-    with phase(f"starting {world} ranks with torchrun {where}"):
-        env.reset(seed=cfg.seed)
-    net = getattr(env.unwrapped, "network", None)
-    if net is not None:
-        d = net.describe()
-        shaped = d["effective_spec"]
-        note = "" if shaped == d["spec"] else f" (applied: {shaped}; the rest needs sch_netem)"
-        console.print(
-            f"network: emulated [bold]{d['spec']}[/bold]{note}, {d['world_size']} Linux network "
-            f"namespaces ({d['name']}*) on one bridge, every link shaped with tc {d['backend']}"
-        )
-    elif not plan.emulated:
-        console.print("network: loopback, unshaped (--network emulates one; needs root)")
+    executor.start(env, cfg.env_config, cfg.seed)
 
 
 def announce(tracker: Any) -> None:

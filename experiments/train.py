@@ -26,6 +26,7 @@ from commgym.experiments.evaluation import (
     search_oracle,
     sim_to_real_gap,
 )
+from commgym.experiments.executors import LOCAL, Executor
 from commgym.experiments.progress import console, phase
 from commgym.experiments.session import announce, make_env, parent_params, start_ranks
 
@@ -63,7 +64,7 @@ def train(cfg: RunConfig, env: gym.Env | None = None) -> dict[str, list[Episode]
         from commgym.env.surrogate import SurrogateModel
 
         SurrogateModel.load(cfg.surrogate)  # a wrong file fails here, before ranks start
-    from commgym.experiments.executor import open_executor
+    from commgym.experiments.executors import open_executor
 
     with open_executor(cfg) as executor:
         out = Path(cfg.output_dir)
@@ -104,7 +105,7 @@ def learn_agent(
     parent: Any,
     out: Path,
     prefix: str = "",
-    executor: Any = None,
+    executor: Executor = LOCAL,
 ) -> tuple[Any, TrainingCost, gym.Env | None]:
     """Train ``cfg.agent`` as the scenario says, save its policy; the recipe of ``train``.
 
@@ -120,12 +121,14 @@ def learn_agent(
         out: output folder (``policy.zip``, ``learning-decisions.csv``, surrogate files).
         prefix: prepended to the parameter and metric names logged to ``parent`` (a
             leaderboard trains one agent per scenario into one parent run).
-        executor: a :class:`~commgym.experiments.executor.RayExecutor`: every real
-            decision runs on its env actors (the recording in parallel streams, SB3
-            agents learning on real ranks through a
-            :class:`~commgym.agents.ray_env.RayVecEnv` of ``cfg.ray_envs`` actors, other
-            learning and the fine-tuning through one :class:`~commgym.agents.ray_env.RayEnv`);
-            ``None``: on ``env``, here.
+        executor: where every real decision runs
+            (:class:`~commgym.experiments.executors.Executor`): the recording
+            (:meth:`~commgym.experiments.executors.Executor.record`), the learning on real
+            ranks (:meth:`~commgym.experiments.executors.Executor.learning_env`: on Ray,
+            SB3 agents through a :class:`~commgym.agents.ray_env.RayVecEnv` of
+            ``cfg.ray_envs`` actors, other learners through one
+            :class:`~commgym.agents.ray_env.RayEnv`) and the fine-tuning
+            (:meth:`~commgym.experiments.executors.Executor.real_env`).
 
     Returns:
         ``(agent, cost, surrogate_env)``; ``surrogate_env`` is ``None`` on real ranks (the
@@ -152,8 +155,8 @@ def learn_agent(
     # an agent that forks episodes (snapshot/restore) or searches as an oracle learns on
     # this process's ranks; the others on the executor's env actors
     local_only = cls is not None and (cls.needs_real_env or cls.oracle)
-    if executor is not None and surrogate is None and not local_only:
-        vec_env, real_env = _ray_learning_env(cfg, executor)
+    if surrogate is None and not local_only:
+        vec_env, real_env = executor.learning_env(env, cfg.env_config, cls)
     # the parent run holds the learning curve; per-decision metrics live in the
     # evaluation children (20,000 decisions x 14 metrics filled ~80 MB of mlflow.db)
     learn_env = TrackingWrapper(
@@ -190,7 +193,7 @@ def learn_agent(
     learn_s = time.perf_counter() - t0
     if not agent.oracle:
         # a learner that runs its own episodes says how many real decisions they took
-        spent = getattr(agent, "cost_decisions", None) or cfg.timesteps
+        spent = agent.preparation.decisions or cfg.timesteps
         cost.add("learn_s", learn_s, 0 if surrogate is not None else spent)
     learn_env.write_csv(out / "learning-decisions.csv")
     parent.log_artifact(out / "learning-decisions.csv")
@@ -202,7 +205,7 @@ def learn_agent(
                 f"fine_tune_episodes={cfg.fine_tune_episodes} needs an SB3 agent (ppo, a2c, "
                 f"dqn); {cfg.agent!r} has no fine-tuning"
             )
-        ranks = env if executor is None else _ray_env(cfg, executor)
+        ranks = executor.real_env(env, cfg.env_config)
         tuned = TrackingWrapper(ranks, parent, f"{prefix}fine_tune/", log_decisions=False)
         t0 = time.perf_counter()
         n = cfg.fine_tune_episodes
@@ -229,70 +232,28 @@ def learn_agent(
 def _make_surrogate_env(cfg: RunConfig, path: str | Path) -> gym.Env:
     import commgym.env  # noqa: F401 - registers the env
 
-    return gym.make("commgym/Surrogate-v1", model_path=str(path), **cfg.env)
-
-
-def _ray_env(cfg: RunConfig, executor: Any) -> gym.Env:
-    """One of the executor's env actors as a gymnasium env (no actor of its own)."""
-    from commgym.agents.ray_env import RayEnv
-
-    return RayEnv(cfg.env_config, actor=executor.actors(cfg.env_config, 1)[0])
-
-
-def _ray_learning_env(cfg: RunConfig, executor: Any) -> tuple[Any, gym.Env]:
-    """Where ``cfg.agent`` learns on real ranks under Ray: ``(vec_env or None, env)``.
-
-    SB3 agents learn from a :class:`~commgym.agents.ray_env.RayVecEnv` over ``ray_envs``
-    of the executor's env actors (1 by default; PPO then collects ``n_steps`` per actor
-    per update) and are built on a layout-only env (menu, spaces, config; no ranks); the
-    others step one actor through a :class:`~commgym.agents.ray_env.RayEnv`.
-    """
-    from commgym.agents import AGENTS
-    from commgym.agents.base import LayoutEnv
-    from commgym.agents.ray_env import RayVecEnv
-    from commgym.agents.sb3 import SB3Agent
-
-    cls = AGENTS.get(cfg.agent.split(":", 1)[0])
-    if cls is not None and issubclass(cls, SB3Agent):
-        n = cfg.ray_envs or 1
-        actors = executor.actors(cfg.env_config, n)[:n]
-        vec = RayVecEnv(cfg.env_config, flatten_actions=cls.flat_actions, actors=actors)
-        layout = LayoutEnv(cfg.env_config.menu)
-        layout.config = cfg.env_config  # type: ignore[attr-defined]
-        return vec, layout
-    return None, _ray_env(cfg, executor)
+    return gym.make("commgym/Surrogate-v1", model_path=str(path), config=cfg.env_config)
 
 
 def _collect_and_fit(
-    cfg: RunConfig, env: gym.Env, run: Any, out: Path, executor: Any = None
+    cfg: RunConfig, env: gym.Env, run: Any, out: Path, executor: Executor = LOCAL
 ) -> Path:
     """Record ``cfg.surrogate_decisions`` real decisions, fit the surrogate; log both."""
-    from commgym.experiments.collect import fit_surrogate, record_dataset, record_on_ray
+    from commgym.experiments.collect import fit_surrogate
 
     with phase(
         "recording real decisions for the surrogate (sticky random exploration)",
         cfg.surrogate_decisions,
         unit="decisions",
     ) as adv:
-        if executor is None:
-            data, bench, collect_s = record_dataset(
-                env,
-                out / "transitions.csv",
-                cfg.surrogate_decisions,
-                "sticky",
-                cfg.seed,
-                run=run,
-                on_step=lambda: adv(1),
-            )
-        else:
-            data, bench, collect_s = record_on_ray(
-                executor, cfg.env_config, out / "transitions.csv", cfg.surrogate_decisions,
-                "sticky", cfg.seed, run=run, on_stream=adv,
-            )  # fmt: skip
+        data, bench, collect_s = executor.record(
+            env, cfg.env_config, out / "transitions.csv", cfg.surrogate_decisions, "sticky",
+            cfg.seed, run=run, on_decisions=adv,
+        )  # fmt: skip
     t0 = time.perf_counter()
     path = out / "surrogate.joblib"
     with phase("fitting the surrogate (alpha-beta prior + gradient boosting)"):
-        fit_surrogate([data], path, bench=bench, menu=cfg.env.get("action_menu"))
+        fit_surrogate([data], path, bench=bench, menu=cfg.env_config.menu)
     run.log_artifact(path)
     console.print(
         f"recorded in {collect_s:.1f} s; surrogate fitted -> [bold]{path}[/bold] "

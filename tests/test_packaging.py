@@ -55,7 +55,7 @@ def test_importing_commgym_never_imports_ray():
     code = (
         "import sys, pkgutil, importlib\n"
         "import commgym.collectives, commgym.env, commgym.agents, commgym.experiments\n"
-        "import commgym.experiments.cli, commgym.experiments.executor\n"
+        "import commgym.experiments.cli, commgym.experiments.executors\n"
         "import commgym.agents.ray_env, commgym.experiments.leaderboard\n"
         "print('ray' in sys.modules)\n"
     )

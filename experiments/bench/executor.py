@@ -7,7 +7,7 @@ an untimed warm-up episode per env (ranks started, kernels compiled):
   (alternating with one Ray actor's, see below);
 * **ray, k actors** (for each ``k`` asked): a local Ray instance of ``k x`` an actor's
   CPUs (logical CPUs: on a small machine the actors' ranks share its cores), episodes as
-  cells of :class:`~commgym.experiments.executor.RayExecutor`.
+  cells of :class:`~commgym.experiments.executors.RayExecutor`.
 
 Reported per setting: episodes per minute (episodes / wall time of the batch). And the
 driver's per-episode overhead of the Ray path, from local episodes and one-actor Ray
@@ -40,7 +40,7 @@ def _side_by_side(cfg: Any, agent_name: str, seeds: list[int]) -> tuple[list[flo
     from commgym.agents import make_agent
     from commgym.agents.ray_env import actor_resources
     from commgym.agents.rollout import rollout
-    from commgym.experiments.executor import RayExecutor, policy_bytes
+    from commgym.experiments.executors import RayExecutor, policy_bytes
     from commgym.experiments.session import make_env
 
     need = actor_resources(cfg.env_config)
@@ -65,10 +65,10 @@ def _side_by_side(cfg: Any, agent_name: str, seeds: list[int]) -> tuple[list[flo
         env.close()
 
 
-def _on_ray(cfg: Any, agent_name: str, seeds: list[int], k: int) -> tuple[float, list[Any]]:
+def _ray_batch(cfg: Any, agent_name: str, seeds: list[int], k: int) -> tuple[float, list[Any]]:
     from commgym.agents import make_agent
     from commgym.agents.ray_env import actor_resources
-    from commgym.experiments.executor import RayExecutor, policy_bytes
+    from commgym.experiments.executors import RayExecutor, policy_bytes
     from commgym.experiments.session import make_env
 
     need = actor_resources(cfg.env_config)
@@ -133,7 +133,7 @@ def run_executor_benchmark(
         "ray": {},
     }
     for k in actors:
-        total, played = _on_ray(cfg, agent, seeds, k)
+        total, played = _ray_batch(cfg, agent, seeds, k)
         result["ray"][k] = {
             "episodes_per_min": 60 * episodes / total,
             "episode_wall_s": statistics.fmean(p.wall_s for p in played),

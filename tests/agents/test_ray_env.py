@@ -137,7 +137,7 @@ def _netns() -> set[str]:
 
 def test_a_killed_actor_is_that_episodes_failure_and_leaves_nothing(local_ray, tmp_path):
     from commgym.agents.baselines import StaticAgent
-    from commgym.experiments.executor import RayExecutor, policy_bytes
+    from commgym.experiments.executors import RayExecutor, policy_bytes
 
     ok, _ = netem_available()
     # on an emulated network when the host allows: its namespaces must go too

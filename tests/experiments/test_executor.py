@@ -129,7 +129,7 @@ def test_ray_address_joins_a_running_cluster_on_loopback(tmp_path, monkeypatch):
     to the host's routable one, where nothing listens, and retry forever)."""
     from ray.cluster_utils import Cluster
 
-    from commgym.experiments.executor import on_loopback
+    from commgym.experiments.executors import on_loopback
 
     assert on_loopback("127.0.0.1:6379") and on_loopback("localhost:6379")
     assert on_loopback("ray://127.0.0.1:10001") and on_loopback("[::1]:6379")
@@ -358,7 +358,7 @@ def test_a_sweep_lands_on_both_nodes_of_a_two_node_cluster():
     from commgym.agents.base import LayoutEnv
     from commgym.agents.baselines import StaticAgent
     from commgym.env import EnvConfig
-    from commgym.experiments.executor import RayExecutor, policy_bytes
+    from commgym.experiments.executors import RayExecutor, policy_bytes
 
     cluster = Cluster(
         initialize_head=True,
@@ -392,7 +392,7 @@ def test_a_node_lost_mid_episode_is_that_episodes_failure_and_the_sweep_goes_on(
     from commgym.agents.baselines import StaticAgent
     from commgym.env import EnvConfig
     from commgym.env.net import netem_available
-    from commgym.experiments.executor import RayExecutor, policy_bytes
+    from commgym.experiments.executors import RayExecutor, policy_bytes
     from tests.agents.test_ray_env import _netns, _network_names, _tagged
 
     ok, _ = netem_available()

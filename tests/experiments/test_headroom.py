@@ -14,7 +14,7 @@ from commgym.agents.oracle import OracleEntry
 from commgym.agents.rollout import Episode
 from commgym.experiments.cli import app
 from commgym.experiments.headroom import switching_bound
-from commgym.experiments.leaderboard import _static_ranking, read_static_ranking
+from commgym.experiments.leaderboard_report import read_static_ranking, write_static_ranking
 
 #: Two conditions, each with its own best entry, twice as fast as the other there.
 MIRROR = {"fast": {"x": 1.0, "y": 2.0}, "slow": {"x": 2.0, "y": 1.0}}
@@ -118,7 +118,7 @@ def _entry(config: str, times: list[float | None], budget: float = 30.0) -> Orac
 
 
 def _write(tmp_path, name: str, ranking: list[OracleEntry]):
-    return _static_ranking(SimpleNamespace(ranking=ranking), name, tmp_path)
+    return write_static_ranking(SimpleNamespace(ranking=ranking), name, tmp_path)
 
 
 def test_static_ranking_csv_round_trips(tmp_path):

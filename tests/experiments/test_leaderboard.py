@@ -205,7 +205,7 @@ def _entry(agent: str, role: str, times: list[float]):
 def test_a_constant_player_faster_than_oracle_static_invalidates_the_headroom():
     """oracle-static is the best entry in hindsight: an agent that played one entry and beat
     it shows the search measured other conditions (the report says so, h is not valid)."""
-    from commgym.experiments.leaderboard import _static_oracle_beaten
+    from commgym.experiments.leaderboard_report import static_oracle_beaten
 
     static = _entry("oracle-static", "oracle", [15.4, 14.3, 13.6])
     constant = _entry("bandit", "baseline", [8.3, 9.0, 8.7])
@@ -218,8 +218,8 @@ def test_a_constant_player_faster_than_oracle_static_invalidates_the_headroom():
                 "slow": ("powersgd:2/25MB/H2", 1.0, 40, 0.0)},
         "autotune": {"fast": ("topk:0.01/25MB/H1", 1.0, 50, 0.0)},
     }  # fmt: skip
-    beaten = _static_oracle_beaten([static, constant, switching, slower], actions, static)
+    beaten = static_oracle_beaten([static, constant, switching, slower], actions, static)
     assert [b["agent"] for b in beaten] == ["bandit"]  # adapting may beat it; slower may not
     assert beaten[0]["config"] == "powersgd:2/25MB/H2" and beaten[0]["p_value"] < 0.05
-    assert _static_oracle_beaten([static, slower], actions, static) == []
-    assert _static_oracle_beaten([constant], actions, None) == []
+    assert static_oracle_beaten([static, slower], actions, static) == []
+    assert static_oracle_beaten([constant], actions, None) == []
