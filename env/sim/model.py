@@ -9,7 +9,8 @@ a link of rate ``R`` (``None``: unshaped loopback)::
     exchange(e,R) = sum over the compressor's rounds r of
                     wire.exchange_s(kind, round_bytes[r], R, collectives[r])
     base(e)      = (train_loop(e) - rounds(e) * (codec(e) + exchange(e, None))) / K
-    decision(e,R) = K base(e) + rounds(e) (codec(e) + exchange(e, R))
+    decision(e,R) = train_loop(e) + rounds(e) (exchange(e, R) - exchange(e, None))
+                  = K base(e) + rounds(e) (codec(e) + exchange(e, R))
                     [+ probe(R)]  [+ switch(prev -> e, R)]
 
 ``train_loop`` is measured on the ranks (unshaped, this world size and thread count),
@@ -153,8 +154,11 @@ class SimModel:
             codec = self.cal.codec[spec].codec_s
             ex_loop = self.exchange_s(spec, None)
             ex = self.exchange_s(spec, rate_bit_s)
+            # per step outside the exchanges (compute, optimizer, data; reported, and where
+            # the iteration walls start); the decision itself is the measured one plus the
+            # wire's difference, so the decomposition sums back exactly on loopback
             base = max((ent.train_s - rounds * (codec + ex_loop)) / self.k, 0.0)
-            train = self.k * base + rounds * (codec + ex)
+            train = max(ent.train_s + rounds * (ex - ex_loop), 0.0)
             if h == 1:
                 walls = [base + codec + ex] * self.k
             else:

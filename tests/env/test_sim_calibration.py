@@ -1,0 +1,60 @@
+"""A tiny real calibration of commgym/Sim-v1 on 2 gloo ranks, and the simulator built from it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from commgym.env import EnvConfig
+from commgym.env.sim import Calibration, SimEnv, simulate
+from commgym.experiments.calibrate_sim import calibrate_sim
+
+MENU = {"compression": ["none", "fp16"], "bucket_mb": [25.0], "sync_period": [1, 2]}
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    cfg = EnvConfig(
+        workload="mlp-digits", world_size=2, steps_per_decision=2, time_budget_s=20.0,
+        reward="time_to_target", target_loss=1.0, action_menu=MENU,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("sim") / "cal.json"
+    cal = calibrate_sim(
+        cfg, path, seeds=(900_001,), budget_s=10.0, switch_episodes=1, rates=[], repeats=1
+    )
+    return cfg, path, cal
+
+
+def test_calibration_measures_every_part_and_round_trips(calibrated):
+    _, path, cal = calibrated
+    assert Calibration.load(path).to_dict() == cal.to_dict()
+    assert set(cal.entries) == {"none/25MB/H1", "none/25MB/H2", "fp16/25MB/H1", "fp16/25MB/H2"}
+    # the kernels' payload is the synchronizer's: fp32 dense = 4 B per parameter, fp16 half
+    assert cal.codec["none"].payload_bytes == 4 * cal.num_params
+    assert cal.codec["fp16"].payload_bytes == 2 * cal.num_params
+    # the ranks' bytes per decision: K exchanges at period 1, one averaging at period 2 (K=2),
+    # plus the period-1 steps' control words (two int32 counts per parameter tensor)
+    none1, none2 = cal.entries["none/25MB/H1"], cal.entries["none/25MB/H2"]
+    assert none2.bytes_total == cal.codec["none"].payload_bytes
+    assert 0 <= none1.bytes_total - 2 * cal.codec["none"].payload_bytes <= 2 * 8 * 16
+    for e in cal.entries.values():
+        for curve in e.curves:
+            assert curve[-1] <= 0.9 * 1.0 + 1e-9 < curve[0]  # down to 0.9x the target
+    assert cal.wire.beta_host_s["allreduce"] >= 0 and not cal.wire.links  # loopback only
+    assert 0.0 <= cal.switch_penalty < 1.0
+    assert cal.meta["real_decisions"] > 0 and cal.meta["real_s"] > 0
+
+
+def test_the_simulator_replays_its_calibration_curves(calibrated):
+    cfg, _, cal = calibrated
+    env = SimEnv(cal, cfg)
+    model = env.model
+    for k, entry in enumerate(model.entries):
+        # the decision-time decomposition sums back to the ranks' median decision
+        assert model.timings(None)[k].train_s == pytest.approx(cal.entries[entry].train_s)
+        # one calibration seed: the simulated episode needs the decisions the real one did
+        curve = cal.entries[entry].curves[0]
+        real_decisions = int(np.argmax(np.asarray(curve[1:]) <= cfg.target_loss)) + 1
+        t, _, _ = simulate(model, cfg, 0, [(0.0, k)])
+        # (one decision either way: the curve is read through a grid of loss levels)
+        assert abs(t / cal.entries[entry].train_s - real_decisions) <= 1 + 1e-6
