@@ -245,12 +245,28 @@ def test_sigterm_or_ctrl_c_of_the_driver_leaves_no_actor_rank_or_network(tmp_pat
         assert not left, f"namespaces left behind: {left}"
 
 
-def test_sigterm_of_a_driver_on_two_nodes_leaves_nothing_on_either(tmp_path):
+@pytest.fixture(scope="module")
+def two_nodes():
+    """Two Ray nodes of 2 CPUs each on loopback (Ray's ``Cluster``): ``(cluster, worker)``.
+
+    Started once for the two-node tests below (each start costs a head and a node); they
+    run in file order, the last one removes the worker node.
+    """
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    worker = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    yield cluster, worker
+    cluster.shutdown()
+
+
+def test_sigterm_of_a_driver_on_two_nodes_leaves_nothing_on_either(tmp_path, two_nodes):
     """The driver joins a two-node cluster (``--ray-address``), an env actor recording on
     each node; its SIGTERM leaves no actor, rank or namespace on either node (they are not
     the driver's children: the nodes' cleanup tasks remove them)."""
-    from ray.cluster_utils import Cluster
-
     from commgym.agents.ray_env import TAG_VARIABLE
     from commgym.env.net import netem_available
     from tests.agents.test_ray_env import _netns, _network_names
@@ -259,11 +275,7 @@ def test_sigterm_of_a_driver_on_two_nodes_leaves_nothing_on_either(tmp_path):
 
     ok, _ = netem_available()
     net = ["--network", "1gbit"] if ok else []
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
-    )
-    cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    cluster, _ = two_nodes
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     cmd = [
         sys.executable, "-m", "commgym.experiments.cli", "collect", "--config", "smoke",
@@ -271,43 +283,40 @@ def test_sigterm_of_a_driver_on_two_nodes_leaves_nothing_on_either(tmp_path):
         "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--executor", "ray",
         "--ray-address", cluster.address, *net,
     ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    reader = _Reader(proc)
     try:
-        proc = subprocess.Popen(
-            cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        reader = _Reader(proc)
-        try:
-            deadline = time.monotonic() + 240
-            tagged: dict[str, set[int]] = {}
-            while time.monotonic() < deadline and proc.poll() is None:
-                tagged = _by_tag(TAG_VARIABLE)
-                if len([t for t, pids in tagged.items() if len(pids) >= 3]) >= 2:
-                    break
-                time.sleep(0.5)
-            assert len(tagged) >= 2, reader.text[-3000:]
-            actors = {p for p in _pids() if _cmdline(p).startswith("ray::EnvRunner")}
-            raylets = {_ppid(p) for p in actors}
-            everything = set().union(*tagged.values()) | actors
-            networks = _network_names(everything)
-            time.sleep(1.0)
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        assert proc.returncode == 143, reader.text[-3000:]
-        assert len(raylets) == 2, raylets  # an env actor under each node's raylet
-        time.sleep(2.0)
-        left = _alive(everything)
-        assert not left, f"left running: {[_cmdline(p)[:120] for p in left]}"
-        assert not set(_by_tag(TAG_VARIABLE)) & set(tagged)
-        if ok:
-            assert len(networks) >= 2, "the ranks ran in no emulated network"
-            left_ns = [ns for ns in _netns() if ns.split("-")[0] in networks]
-            assert not left_ns, f"namespaces left behind: {left_ns}"
+        deadline = time.monotonic() + 240
+        tagged: dict[str, set[int]] = {}
+        while time.monotonic() < deadline and proc.poll() is None:
+            tagged = _by_tag(TAG_VARIABLE)
+            if len([t for t, pids in tagged.items() if len(pids) >= 3]) >= 2:
+                break
+            time.sleep(0.5)
+        assert len(tagged) >= 2, reader.text[-3000:]
+        actors = {p for p in _pids() if _cmdline(p).startswith("ray::EnvRunner")}
+        raylets = {_ppid(p) for p in actors}
+        everything = set().union(*tagged.values()) | actors
+        networks = _network_names(everything)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
     finally:
-        cluster.shutdown()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, reader.text[-3000:]
+    assert len(raylets) == 2, raylets  # an env actor under each node's raylet
+    time.sleep(2.0)
+    left = _alive(everything)
+    assert not left, f"left running: {[_cmdline(p)[:120] for p in left]}"
+    assert not set(_by_tag(TAG_VARIABLE)) & set(tagged)
+    if ok:
+        assert len(networks) >= 2, "the ranks ran in no emulated network"
+        left_ns = [ns for ns in _netns() if ns.split("-")[0] in networks]
+        assert not left_ns, f"namespaces left behind: {left_ns}"
 
 
 def _ppid(pid: int) -> int | None:
@@ -351,20 +360,15 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def test_a_sweep_lands_on_both_nodes_of_a_two_node_cluster():
+def test_a_sweep_lands_on_both_nodes_of_a_two_node_cluster(two_nodes):
     import ray
-    from ray.cluster_utils import Cluster
 
     from commgym.agents.base import LayoutEnv
     from commgym.agents.baselines import StaticAgent
     from commgym.env import EnvConfig
     from commgym.experiments.executors import RayExecutor, policy_bytes
 
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
-    )
-    cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    cluster, _ = two_nodes
     try:
         ray.init(address=cluster.address, logging_level="WARNING")
         cfg = EnvConfig(**{**TINY["env"], "target_loss": None, "reward": "log_progress"})
@@ -379,14 +383,12 @@ def test_a_sweep_lands_on_both_nodes_of_a_two_node_cluster():
         assert all(p.episode.decisions == 4 for p in played)
     finally:
         ray.shutdown()
-        cluster.shutdown()
 
 
-def test_a_node_lost_mid_episode_is_that_episodes_failure_and_the_sweep_goes_on():
+def test_a_node_lost_mid_episode_is_that_episodes_failure_and_the_sweep_goes_on(two_nodes):
     import threading
 
     import ray
-    from ray.cluster_utils import Cluster
 
     from commgym.agents.base import LayoutEnv
     from commgym.agents.baselines import StaticAgent
@@ -398,11 +400,7 @@ def test_a_node_lost_mid_episode_is_that_episodes_failure_and_the_sweep_goes_on(
     ok, _ = netem_available()
     # on an emulated network when the host allows: the lost actor's namespaces must go too
     extra = {"network": "1gbit"} if ok else {}
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
-    )
-    worker = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    cluster, worker = two_nodes  # removed below: the last test of the fixture
     networks: set[str] = set()
     try:
         ray.init(address=cluster.address, logging_level="WARNING")
@@ -446,4 +444,3 @@ def test_a_node_lost_mid_episode_is_that_episodes_failure_and_the_sweep_goes_on(
             assert not left, f"namespaces left behind: {left}"
     finally:
         ray.shutdown()
-        cluster.shutdown()
