@@ -63,6 +63,11 @@ class PeriodicAverager:
         self.steps = 0
         self.steps_since_average = 0
         self.averagings = 0
+        #: the job's optimizer steps (:meth:`optimizer_step`), what a synchronizer reports
+        self.optimizer_steps = 0
+        #: local-SGD steps since the optimizer state was last averaged (the owner of the
+        #: optimizer averages it and sets this back to 0)
+        self.local_steps = 0
         groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
         for p in self.params:
             groups.setdefault((p.dtype, p.device), []).append(p)
@@ -117,6 +122,23 @@ class PeriodicAverager:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"period must be an integer >= 1 (optimizer steps), got {value!r}")
         self._period = value
+
+    def optimizer_step(self) -> tuple[bool, int, float]:
+        """Count one optimizer step of a synchronizer's job: local SGD's one counting.
+
+        At ``period == 1`` the gradients were averaged, so nothing is averaged here; above
+        it the step is a local step (:attr:`local_steps`) and parameters are averaged
+        every ``period`` (:meth:`step`). Both synchronizers (``GradientSynchronizer`` and
+        the DDP hook's) count their steps here.
+
+        Returns:
+            ``(averaged, bytes_sent, seconds)``.
+        """
+        self.optimizer_steps += 1
+        if self._period == 1:
+            return False, 0, 0.0
+        self.local_steps += 1
+        return self.step()
 
     def step(self) -> tuple[bool, int, float]:
         """Count one optimizer step; average when ``period`` steps have passed.

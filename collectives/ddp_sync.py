@@ -92,9 +92,7 @@ class DDPHookSynchronizer:
         self._config = config
         self._bucket_mb = config.bucket_mb
         self._warned_bucket = False
-        self._local_steps = 0
         self._step = 0
-        self._opt_steps = 0
         self._set_period(config.sync_period)
         self._t_forward: float | None = None
         self._bytes_mark = 0
@@ -210,12 +208,8 @@ class DDPHookSynchronizer:
     @torch.no_grad()
     def after_optimizer_step(self) -> AveragingStats:
         """Count one optimizer step; average parameters every ``sync_period`` steps."""
-        self._opt_steps += 1
-        if self._config.sync_period == 1:
-            return AveragingStats(False, 0, 0.0, self._opt_steps)
-        self._local_steps += 1
-        averaged, nbytes, secs = self._averager.step()
-        return AveragingStats(averaged, nbytes, secs, self._opt_steps)
+        averaged, nbytes, secs = self._averager.optimizer_step()
+        return AveragingStats(averaged, nbytes, secs, self._averager.optimizer_steps)
 
     @torch.no_grad()
     def consensus(self) -> AveragingStats:
@@ -224,11 +218,11 @@ class DDPHookSynchronizer:
         if self._config.sync_period > 1 and self._averager.steps_since_average > 0:
             nbytes, secs = self._averager.average()
             averaged = True
-        if self.optimizer is not None and self._local_steps > 0:
-            self._local_steps = 0
+        if self.optimizer is not None and self._averager.local_steps > 0:
+            self._averager.local_steps = 0
             b, t = average_optimizer_state(self.optimizer, self.group)
             nbytes, secs, averaged = nbytes + b, secs + t, True
-        return AveragingStats(averaged, nbytes, secs, self._opt_steps)
+        return AveragingStats(averaged, nbytes, secs, self._averager.optimizer_steps)
 
     def reconfigure(self, config: CommConfig) -> None:
         """Switch compression and period at a step boundary (a collective on every rank).
@@ -284,8 +278,8 @@ class DDPHookSynchronizer:
         return {
             "config": self._config.to_dict(),
             "step": self._step,
-            "optimizer_steps": self._opt_steps,
-            "local_steps": self._local_steps,
+            "optimizer_steps": self._averager.optimizer_steps,
+            "local_steps": self._averager.local_steps,
             "hook": hook,
             "averager": self._averager.state_dict(),
         }
@@ -299,8 +293,8 @@ class DDPHookSynchronizer:
         self._config = config
         self._averager.load_state_dict(state["averager"])
         self._step = int(state["step"])
-        self._opt_steps = int(state["optimizer_steps"])
-        self._local_steps = int(state["local_steps"])
+        self._averager.optimizer_steps = int(state["optimizer_steps"])
+        self._averager.local_steps = int(state["local_steps"])
         self._bytes_mark = self.state.bytes_sent
 
     def remove_hooks(self) -> None:

@@ -332,8 +332,6 @@ class GradientSynchronizer:
         kernels.warmup(self.params[0].device.type)  # JIT compile outside measured steps
         self._averager = PeriodicAverager(self.params, 1, group)
         self.optimizer = optimizer
-        # optimizer steps taken with H > 1 since the optimizer state was last averaged
-        self._local_steps = 0
         self._warned_state = False
         self._residuals = ResidualMemory()
         self._config: CommConfig | None = None
@@ -445,7 +443,7 @@ class GradientSynchronizer:
         self._averager.steps_since_average = 0
         self._averager.steps = 0
         self._step = 0
-        self._opt_steps = 0
+        self._averager.optimizer_steps = 0
         self._measure_next = False
         self._awaiting_opt_step = False
         self._new_step_state()
@@ -494,9 +492,9 @@ class GradientSynchronizer:
 
     def _average_optimizer_state(self) -> tuple[int, float]:
         """Average the optimizer state if local steps left it apart (collective)."""
-        if self._local_steps == 0:
+        if self._averager.local_steps == 0:
             return 0, 0.0
-        self._local_steps = 0
+        self._averager.local_steps = 0
         if self.optimizer is None:
             if not self._warned_state:
                 self._warned_state = True
@@ -1062,12 +1060,8 @@ class GradientSynchronizer:
                 "synchronize() after backward and before optimizer.step()"
             )
         self._awaiting_opt_step = False
-        self._opt_steps += 1
-        if self.config.sync_period == 1:
-            return AveragingStats(False, 0, 0.0, self._opt_steps)
-        self._local_steps += 1
-        averaged, nbytes, secs = self._averager.step()
-        return AveragingStats(averaged, nbytes, secs, self._opt_steps)
+        averaged, nbytes, secs = self._averager.optimizer_step()
+        return AveragingStats(averaged, nbytes, secs, self._averager.optimizer_steps)
 
     @torch.no_grad()
     def consensus(self, optimizer_state: bool = True) -> AveragingStats:
@@ -1094,10 +1088,10 @@ class GradientSynchronizer:
         if self.config.sync_period > 1 and self._averager.steps_since_average > 0:
             nbytes, secs = self._averager.average()
             averaged = True
-        if optimizer_state and self.optimizer is not None and self._local_steps > 0:
+        if optimizer_state and self.optimizer is not None and self._averager.local_steps > 0:
             b, t = self._average_optimizer_state()
             nbytes, secs, averaged = nbytes + b, secs + t, True
-        return AveragingStats(averaged, nbytes, secs, self._opt_steps)
+        return AveragingStats(averaged, nbytes, secs, self._averager.optimizer_steps)
 
     # -- state --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -1105,11 +1099,11 @@ class GradientSynchronizer:
         return {
             "config": self.config.to_dict(),
             "step": self._step,
-            "optimizer_steps": self._opt_steps,
+            "optimizer_steps": self._averager.optimizer_steps,
             "residuals": self._residuals.state_dict(),
             "compressor": self.compressor.state_dict(),
             "averager": self._averager.state_dict(),
-            "local_steps": self._local_steps,
+            "local_steps": self._averager.local_steps,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -1131,8 +1125,8 @@ class GradientSynchronizer:
         self.compressor.load_state_dict(state["compressor"])
         self._averager.load_state_dict(state["averager"])
         self._step = int(state["step"])
-        self._opt_steps = int(state["optimizer_steps"])
-        self._local_steps = int(state.get("local_steps", 0))
+        self._averager.optimizer_steps = int(state["optimizer_steps"])
+        self._averager.local_steps = int(state.get("local_steps", 0))
 
     def remove_hooks(self) -> None:
         """Detach from the model (the synchronizer cannot be used afterwards)."""
