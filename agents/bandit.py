@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 
 from commgym.agents.base import StepAgent
+from commgym.collectives.checks import check_int
 
 __all__ = ["SlidingWindowUCBAgent"]
 
@@ -54,8 +55,7 @@ class SlidingWindowUCBAgent(StepAgent):
         window: int = 200,
         exploration: float = 0.5,
     ) -> None:
-        if isinstance(window, bool) or not isinstance(window, int | np.integer) or window < 1:
-            raise ValueError(f"window must be an integer >= 1 (decisions), got {window!r}")
+        check_int("window", window, 1, note=" (decisions)")
         if not (isinstance(exploration, int | float) and math.isfinite(exploration)) or (
             exploration < 0
         ):

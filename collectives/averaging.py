@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from commgym.collectives.bucketing import BucketPlan
+from commgym.collectives.checks import check_int
 from commgym.collectives.compressors import BucketLayout, Compressor
 from commgym.collectives.exchange import decode, issue
 from commgym.collectives.residual import ResidualMemory
@@ -119,9 +120,7 @@ class PeriodicAverager:
 
     @period.setter
     def period(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"period must be an integer >= 1 (optimizer steps), got {value!r}")
-        self._period = value
+        self._period = check_int("period", value, 1, note=" (optimizer steps)")
 
     def optimizer_step(self) -> tuple[bool, int, float]:
         """Count one optimizer step of a synchronizer's job: local SGD's one counting.

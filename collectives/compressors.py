@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import torch
 
 from commgym.collectives import kernels
+from commgym.collectives.checks import check_int
 
 __all__ = [
     "COMPRESSORS",
@@ -280,10 +281,8 @@ class Compressor(ABC):
         stochastic_rounding: bool = False,
         world_size: int = 1,
     ) -> None:
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
         self.spec = spec
-        self.world_size = world_size
+        self.world_size = check_int("world_size", world_size, 1)
         self.seed = int(seed)
         self.error_feedback = bool(error_feedback)
         self.stochastic_rounding = bool(stochastic_rounding)

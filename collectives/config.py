@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from commgym.collectives.checks import check_int
 from commgym.collectives.compressors import CompressionSpec
 
 __all__ = ["CommConfig"]
@@ -57,9 +58,8 @@ class CommConfig:
         ):
             raise ValueError(f"bucket_mb must be a finite number > 0 (MiB), got {bm!r}")
         object.__setattr__(self, "bucket_mb", float(bm))
-        sp = self.sync_period
-        if isinstance(sp, bool) or not isinstance(sp, int) or sp < 1:
-            raise ValueError(f"sync_period must be an integer >= 1 (optimizer steps), got {sp!r}")
+        sp = check_int("sync_period", self.sync_period, 1, note=" (optimizer steps)")
+        object.__setattr__(self, "sync_period", sp)
         for name in ("error_feedback", "stochastic_rounding"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
