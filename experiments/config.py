@@ -186,6 +186,16 @@ class RunConfig:
                     resolve_preset(self.env_config.menu, preset)
                 except ValueError as err:
                     raise ValueError(f"agent {name!r}: {err}") from None
+        # mpc plans over a calibration record: refused here, before any rank starts
+        planners = [(self.agent, self.agent_kwargs.get(self.agent, {}))]
+        planners += [(b, self.baseline_kwargs.get(b, {})) for b in self.baselines]
+        for name, kwargs in planners:
+            if name == "mpc" and not kwargs.get("calibration"):
+                where = "agent_kwargs" if name == self.agent else "baseline_kwargs"
+                raise ValueError(
+                    "agent 'mpc' plans over a calibrated simulator model: give its record "
+                    f"(from `commgym calibrate-sim`) as {where}: {{mpc: {{calibration: PATH}}}}"
+                )
         if ft and not can_fine_tune(self.agent):
             raise ValueError(
                 f"fine_tune_episodes={ft} refines the policy of an SB3 agent (ppo, a2c, dqn); "

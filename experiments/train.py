@@ -134,7 +134,7 @@ def learn_agent(
         ``(agent, cost, surrogate_env)``; ``surrogate_env`` is ``None`` on real ranks (the
         caller closes it).
     """
-    from commgym.agents import AGENTS
+    from commgym.agents import AGENTS, OracleStaticAgent
     from commgym.experiments.tracking import TrackingWrapper
 
     cost = TrainingCost()
@@ -169,7 +169,10 @@ def learn_agent(
         parent.log_params({prefix + k: v for k, v in params.items()})
         t0 = time.perf_counter()
         where = "the surrogate" if surrogate is not None else "real ranks"
-        if agent.oracle:  # what an oracle learns is its search over the evaluation seeds
+        # what an oracle learns is its search over the evaluation seeds (best-static's is
+        # the same search on training seeds)
+        searches = agent.oracle or isinstance(agent, OracleStaticAgent)
+        if searches:
             search_oracle(cfg.agent, agent, cost, real=surrogate is None)
         else:
             with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
@@ -191,7 +194,7 @@ def learn_agent(
         if vec_env is not None:
             vec_env.close()
     learn_s = time.perf_counter() - t0
-    if not agent.oracle:
+    if not searches:
         # a learner that runs its own episodes says how many real decisions they took
         spent = agent.preparation.decisions or cfg.timesteps
         cost.add("learn_s", learn_s, 0 if surrogate is not None else spent)

@@ -14,8 +14,22 @@ from commgym.experiments.config import load_run_config
 from commgym.experiments.session import make_env
 from commgym.experiments.train import train
 
+#: Agents that need more than a scenario to be built: ``mpc`` plans over a calibration record
+#: of the scenario's workload (``commgym calibrate-sim``; tests/agents/test_mpc.py).
+NEEDS_CALIBRATION = {"mpc"}
 #: Every registered agent, a static one by a menu entry (``static`` takes a preset).
-NAMES = [n if n != "static" else "static:int8/4MB/H1" for n in AGENTS]
+NAMES = [
+    n if n != "static" else "static:int8/4MB/H1" for n in AGENTS if n not in NEEDS_CALIBRATION
+]
+
+
+def test_an_agent_without_its_calibration_is_refused_before_anything_runs(tmp_path):
+    from commgym.experiments.cli import app  # noqa: F401 - the command the error reaches
+    from tests.experiments.cli_helpers import cli
+
+    proc = cli(["train", "--config", "smoke", "--agent", "mpc"], tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "calibrate-sim" in proc.stderr and not (tmp_path / "commgym-out").exists()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ from commgym.experiments.config import shipped_configs
 def _help(command: str) -> str:
     res = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "400", "TERM": "dumb"})
     assert res.exit_code == 0, res.output
-    return " ".join(res.output.split())
+    # rich draws the options in a box: a long list wraps across its border characters
+    return " ".join(res.output.replace("│", " ").split())
 
 
 def _listed(text: str, lead: str) -> list[str]:
