@@ -37,6 +37,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from commgym.collectives.checks import check_int
 from commgym.env.spaces import OBSERVATION_FIELDS, ActionMenu, ObservationBuilder
 
 __all__ = [
@@ -604,10 +605,7 @@ class StepAgent(Agent):
         progress_bar: bool = False,
         callback: LearnCallback | None = None,
     ) -> StepAgent:
-        if isinstance(total_timesteps, bool) or not isinstance(total_timesteps, int | np.integer):
-            raise ValueError(f"total_timesteps must be an integer >= 0, got {total_timesteps!r}")
-        if total_timesteps < 0:
-            raise ValueError(f"total_timesteps must be >= 0, got {total_timesteps}")
+        check_int("total_timesteps", total_timesteps, 0)
         if callback is not None and not callable(callback):
             raise TypeError(f"callback must be callable(dict) -> bool, got {callback!r}")
         env = self._require_env()

@@ -35,9 +35,7 @@ STATIC_PRESETS: dict[str, CommConfig] = {
 
 
 def _check_index(name: str, value: Any, n: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value < n:
-        raise ValueError(f"{name} must be a menu index in 0..{n - 1}, got {value!r}")
-    return int(value)
+    return check_int(name, value, 0, n - 1, note=" (a menu index)")
 
 
 def _positive_int(name: str, value: Any) -> int:

@@ -37,6 +37,7 @@ from commgym.agents.base import (
     step_report,
     zip_path,
 )
+from commgym.collectives.checks import check_int
 from commgym.env import FlattenAction
 
 __all__ = ["A2CAgent", "DQNAgent", "PPOAgent", "SB3Agent"]
@@ -289,8 +290,7 @@ class SB3Agent(Agent):
         Returns:
             self.
         """
-        if isinstance(total_timesteps, bool) or not isinstance(total_timesteps, int | np.integer):
-            raise ValueError(f"total_timesteps must be an integer >= 0, got {total_timesteps!r}")
+        check_int("total_timesteps", total_timesteps, 0)
         if self.model.get_env() is None:
             raise RuntimeError(
                 f"{type(self).__name__} was loaded without an env; load(path, env=...) to learn"
@@ -347,9 +347,8 @@ class SB3Agent(Agent):
         Raises:
             ValueError: ``episodes`` < 0 or ``rollout_steps`` < 1.
         """
-        for name, v, low in (("episodes", episodes, 0), ("rollout_steps", rollout_steps, 1)):
-            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
+        check_int("episodes", episodes, 0)
+        check_int("rollout_steps", rollout_steps, 1)
         if episodes == 0:
             return 0
         from stable_baselines3.common.buffers import RolloutBuffer
@@ -418,9 +417,7 @@ class SB3Agent(Agent):
 
 
 def _check_history(history: Any) -> int:
-    if isinstance(history, bool) or not isinstance(history, int | np.integer) or history < 1:
-        raise ValueError(f"history must be an integer >= 1 (observations stacked), got {history!r}")
-    return int(history)
+    return check_int("history", history, 1, note=" (observations stacked)")
 
 
 def _push(stack: np.ndarray | None, obs: np.ndarray, history: int, starts: Any) -> np.ndarray:

@@ -79,6 +79,7 @@ from torch.nn.parallel import DistributedDataParallel
 from commgym.agents.base import Agent, LayoutEnv, check_compatible, read_policy_json
 from commgym.collectives import CommConfig, GradientSynchronizer
 from commgym.collectives.amp import FOUND_INF_BYTES, agree_found_inf
+from commgym.collectives.checks import check_int
 from commgym.collectives.ddp_sync import DDPHookSynchronizer
 from commgym.collectives.stats import StepStats
 from commgym.env.measure import (
@@ -426,10 +427,8 @@ class CommScheduler:
         self.policy: Agent | None = None
         self._policy_name = str(policy) if not isinstance(policy, Agent) else repr(policy)
         num_params = sum(p.numel() for p in params if p.requires_grad)
-        if probe_bytes is not None and (
-            isinstance(probe_bytes, bool) or not isinstance(probe_bytes, int) or probe_bytes < 0
-        ):
-            raise ValueError(f"probe_bytes must be an int >= 0 (0: no probe), got {probe_bytes!r}")
+        if probe_bytes is not None:
+            check_int("probe_bytes", probe_bytes, 0, note=" (0: no probe)")
         err, start, mismatch, no_state, probe = "", None, [], "", probe_bytes or 0
         if self.rank == 0:
             try:

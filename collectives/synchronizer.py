@@ -24,6 +24,7 @@ from commgym.collectives.averaging import (
     average_optimizer_state,
 )
 from commgym.collectives.bucketing import BucketPlan
+from commgym.collectives.checks import check_int
 from commgym.collectives.compressors import Compressor, make_compressor
 from commgym.collectives.config import CommConfig
 from commgym.collectives.errors import CollectiveTimeout
@@ -306,8 +307,7 @@ class GradientSynchronizer:
                 "GradientSynchronizer needs an initialised process group: call "
                 "torch.distributed.init_process_group(...) first (e.g. under torchrun)"
             )
-        if isinstance(error_every, bool) or not isinstance(error_every, int) or error_every < 0:
-            raise ValueError(f"error_every must be an integer >= 0, got {error_every!r}")
+        check_int("error_every", error_every, 0)
         if (
             isinstance(timeout_s, bool)
             or not isinstance(timeout_s, int | float)

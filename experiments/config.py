@@ -142,11 +142,10 @@ class RunConfig:
         from commgym.agents.rollout_table import FIRST_TRAINING_SEED
         from commgym.env import EnvConfig
 
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(
-                f"seed must be an integer >= 0 (learners train on seeds derived from it, "
-                f"above the evaluation seeds), got {self.seed!r}"
-            )
+        check_int(
+            "seed", self.seed, 0, note=" (learners train on seeds derived from it, above the "
+            "evaluation seeds)"
+        )  # fmt: skip
         es = self.eval_seed
         if (
             isinstance(es, bool)

@@ -30,6 +30,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from commgym.collectives.checks import check_int
 from commgym.env.schedule import means_off
 
 __all__ = ["CrossTrafficSpec", "CrossTraffic"]
@@ -53,14 +54,9 @@ class CrossTrafficSpec:
     rank: int | None = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.flows, bool) or not isinstance(self.flows, int):
-            raise ValueError(f"cross traffic flows must be an int, got {self.flows!r}")
-        if not 0 <= self.flows <= 16:
-            raise ValueError(f"cross traffic flows must be in 0..16, got {self.flows}")
-        if self.rank is not None and (
-            isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0
-        ):
-            raise ValueError(f"cross traffic rank must be an int >= 0 or None, got {self.rank!r}")
+        check_int("cross traffic flows", self.flows, 0, 16)
+        if self.rank is not None:
+            check_int("cross traffic rank", self.rank, 0, note=" or None")
 
     @property
     def active(self) -> bool:

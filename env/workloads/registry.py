@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from commgym.collectives.checks import check_int
+
 __all__ = [
     "WORKLOADS",
     "Workload",
@@ -167,11 +169,7 @@ class Workload:
         if self.accuracy_fn is not None and not callable(self.accuracy_fn):
             raise TypeError(f"Workload {self.name!r}: accuracy_fn must be callable or None")
         batch = self.default_batch_size
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ValueError(
-                f"Workload {self.name!r}: default_batch_size must be a positive "
-                f"int, got {self.default_batch_size!r}"
-            )
+        check_int(f"Workload {self.name!r}: default_batch_size", batch, 1)
         if not (
             isinstance(self.default_lr, int | float)
             and math.isfinite(self.default_lr)

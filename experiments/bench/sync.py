@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from commgym.collectives import CommgymError, CompressionSpec, WorkerFailed
+from commgym.collectives.checks import check_int
 from commgym.experiments.bench import write_json
 
 __all__ = ["GOAL_RATIO", "TARGET_RATIO", "median_interval", "run_sync_benchmark", "summarize"]
@@ -308,8 +309,7 @@ def run_sync_benchmark(
         )
     if not (isinstance(bucket_mb, int | float) and math.isfinite(bucket_mb) and bucket_mb > 0):
         raise ValueError(f"bucket_mb must be a finite number > 0 (MiB), got {bucket_mb!r}")
-    if isinstance(sync_period, bool) or not isinstance(sync_period, int) or sync_period < 1:
-        raise ValueError(f"sync_period must be an integer >= 1, got {sync_period!r}")
+    check_int("sync_period", sync_period, 1)
     steps = -(-steps // sync_period) * sync_period
     warmup = -(-warmup // sync_period) * sync_period  # measured steps start a round
     net_spec = None

@@ -371,4 +371,4 @@ def rank_bad_probe(rank, world):
 
 def test_a_negative_probe_is_refused_on_every_rank(dist2):
     for msg in dist2.run(rank_bad_probe):
-        assert msg is not None and "probe_bytes must be an int >= 0" in msg and "-1" in msg
+        assert msg is not None and "probe_bytes must be an integer >= 0" in msg and "-1" in msg
