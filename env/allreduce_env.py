@@ -16,6 +16,7 @@ from commgym.env.cluster import Cluster
 from commgym.env.config import EnvConfig
 from commgym.env.measure import DecisionMeasurement, combine_eval, decision_info
 from commgym.env.net.cross_traffic import CrossTraffic, CrossTrafficSpec
+from commgym.env.schedule import condition_label, episode_phases
 from commgym.env.schedule import episode_seed as draw_episode_seed
 from commgym.env.spaces import (
     REWARDS,
@@ -462,25 +463,19 @@ class AllReduceEnv(gym.Env):
         (``stragglers``) or the cross traffic (``cross_traffic``) switches; the label names
         them (``"20mbit, stragglers off"``, see :meth:`condition_at`).
         """
-        times = {0.0}
-        if self._schedule is not None:
-            times |= {t for t, _ in self._schedule}
-        times |= set(self._stragglers.boundaries)
-        times |= set(self._crossing.boundaries)
-        return [(t, self.condition_at(t)) for t in sorted(times)]
+        return episode_phases(self.config, self._schedule, self._stragglers, self._crossing)
 
     def condition_at(self, train_time_s: float) -> str:
         """The conditions in force after ``train_time_s`` of the running episode, as a label.
 
         ``"<link>, stragglers <spec>"``: the link spec (``loopback`` when unshaped) and
         the straggler jitter (``off`` without); scenarios with cross traffic append
-        ``", cross traffic <spec>"``. Decisions carry it in ``info["condition"]``.
+        ``", cross traffic <spec>"``. Decisions carry it in ``info["condition"]``
+        (:func:`~commgym.env.schedule.condition_label`, shared with the simulator).
         """
-        net = "loopback" if self._schedule is None else str(self._schedule.spec_at(train_time_s))
-        label = f"{net}, stragglers {self._stragglers.value_at(train_time_s)}"
-        if any(c.active for c in self.config.cross_traffic_condition.values):
-            label += f", cross traffic {self._crossing.value_at(train_time_s)}"
-        return label
+        return condition_label(
+            self.config, self._schedule, self._stragglers, self._crossing, train_time_s
+        )
 
     def close(self) -> None:  # noqa: D102
         if self._cluster is not None:

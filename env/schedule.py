@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Condition", "Phases", "episode_seed", "means_off"]
+__all__ = ["Condition", "Phases", "condition_label", "episode_phases", "episode_seed", "means_off"]
 
 T = TypeVar("T")
 
@@ -181,3 +181,41 @@ def episode_seed(np_random: Any) -> int:
         An int in ``[0, 2**31 - 1)``.
     """
     return int(np_random.integers(0, 2**31 - 1))
+
+
+def condition_label(cfg: Any, schedule: Any, stragglers: Phases, crossing: Phases, t: float) -> str:
+    """The label of the conditions in force after ``t`` s of an episode's training.
+
+    ``"<link>, stragglers <spec>"``: the link spec (``loopback`` when unshaped) and the
+    straggler jitter (``off`` without); scenarios with cross traffic append
+    ``", cross traffic <spec>"``. The real env and the simulator both label with it, so a
+    condition means the same string in both (decisions carry it in ``info["condition"]``).
+
+    Args:
+        cfg: the episode's :class:`~commgym.env.config.EnvConfig`.
+        schedule: the episode's network schedule (``spec_at(t)``), or None (unshaped).
+        stragglers: the episode's straggler phases.
+        crossing: the episode's cross-traffic phases.
+        t: elapsed training time, seconds.
+    """
+    net = "loopback" if schedule is None else str(schedule.spec_at(t))
+    label = f"{net}, stragglers {stragglers.value_at(t)}"
+    if any(c.active for c in cfg.cross_traffic_condition.values):
+        label += f", cross traffic {crossing.value_at(t)}"
+    return label
+
+
+def episode_phases(
+    cfg: Any, schedule: Any, stragglers: Phases, crossing: Phases
+) -> list[tuple[float, str]]:
+    """An episode's condition phases: ``(start_training_s, label)`` pairs, first at 0.
+
+    A new phase starts wherever the link, the straggler jitter or the cross traffic
+    switches; each is labelled by :func:`condition_label` (arguments as there).
+    """
+    times = {0.0}
+    if schedule is not None:
+        times |= {t for t, _ in schedule}
+    times |= set(stragglers.boundaries)
+    times |= set(crossing.boundaries)
+    return [(t, condition_label(cfg, schedule, stragglers, crossing, t)) for t in sorted(times)]

@@ -25,6 +25,7 @@ env. :mod:`~commgym.env.sim.planner` holds the simulator's own oracles (every en
 time to target; dynamic programming over the phase sequence).
 """
 
+from commgym.env.schedule import condition_label
 from commgym.env.sim.calibration import (
     CALIBRATION_VERSION,
     Calibration,
@@ -32,7 +33,7 @@ from commgym.env.sim.calibration import (
     workload_key,
 )
 from commgym.env.sim.codec import CodecMeasurement, measure_codec
-from commgym.env.sim.env import SimEnv, condition_label, episode_conditions
+from commgym.env.sim.env import SimEnv, episode_conditions
 from commgym.env.sim.model import DecisionTiming, SimModel
 from commgym.env.sim.planner import (
     EntryTimes,

@@ -12,12 +12,13 @@ import numpy as np
 from gymnasium import spaces
 
 from commgym.env.measure import DecisionMeasurement, decision_info
+from commgym.env.schedule import condition_label, episode_phases
 from commgym.env.schedule import episode_seed as draw_episode_seed
 from commgym.env.sim.calibration import Calibration
 from commgym.env.sim.model import SimModel
 from commgym.env.spaces import REWARDS, ObservationBuilder, decision_outcome
 
-__all__ = ["SimEnv", "condition_label", "episode_conditions"]
+__all__ = ["SimEnv", "episode_conditions"]
 
 
 def episode_conditions(cfg: Any, episode_seed: int) -> tuple[Any, Any, Any]:
@@ -35,15 +36,6 @@ def episode_conditions(cfg: Any, episode_seed: int) -> tuple[Any, Any, Any]:
         cfg.straggler_condition.for_episode(episode_seed),
         cfg.cross_traffic_condition.for_episode(episode_seed),
     )
-
-
-def condition_label(cfg: Any, schedule: Any, stragglers: Any, crossing: Any, t: float) -> str:
-    """The real env's ``condition_at`` label of the conditions in force after ``t`` s."""
-    net = "loopback" if schedule is None else str(schedule.spec_at(t))
-    label = f"{net}, stragglers {stragglers.value_at(t)}"
-    if any(c.active for c in cfg.cross_traffic_condition.values):
-        label += f", cross traffic {crossing.value_at(t)}"
-    return label
 
 
 class SimEnv(gym.Env):
@@ -276,12 +268,7 @@ class SimEnv(gym.Env):
     @property
     def episode_phases(self) -> list[tuple[float, str]]:
         """The running episode's condition phases, as the real env's ``episode_phases``."""
-        times = {0.0}
-        if self._schedule is not None:
-            times |= {t for t, _ in self._schedule}
-        times |= set(self._stragglers.boundaries)
-        times |= set(self._crossing.boundaries)
-        return [(t, self.condition_at(t)) for t in sorted(times)]
+        return episode_phases(self.config, self._schedule, self._stragglers, self._crossing)
 
     def condition_at(self, train_time_s: float) -> str:
         """The real env's label of the conditions in force after ``train_time_s``."""
