@@ -36,7 +36,7 @@ _COMMON = {
     "print_blob": True,
 }
 #: The default suite: a fixed set of examples (same every run), no example database.
-DEFAULT = settings(max_examples=32, derandomize=True, database=None, **_COMMON)
+DEFAULT = settings(max_examples=12, derandomize=True, database=None, **_COMMON)
 #: The long budget (``-m expensive``): fresh random examples each run.
 LONG = settings(
     max_examples=int(os.environ.get("COMMGYM_FUZZ_EXAMPLES", "400")), database=None, **_COMMON

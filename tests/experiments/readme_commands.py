@@ -146,6 +146,17 @@ REPLICATION = (
     "tests/experiments/test_leaderboard.py and tests/experiments/test_pooling.py"
 )
 
+#: Why the per-condition recipe (docs/headroom.md) is not run as written.
+PER_CONDITION = (
+    "a recorded run (experiments/results/2026-12-02_busy-link-per-condition): two shaped "
+    "oracle-static searches of busy-link's whole menu under 4 cross-traffic flows; its paths "
+    "run small in tests/experiments/test_cli_options.py::"
+    "test_leaderboard_cross_traffic_holds_one_condition_of_a_scenario (the held condition), "
+    "tests/env/test_cross_traffic.py (cross traffic on real ranks), the flaky-link row "
+    "(oracle-static's search on a shaped link and its static-entries CSV) and "
+    "tests/experiments/test_headroom.py::test_command_prints_the_table_and_the_bound "
+    "(headroom-bound on two static-entries CSVs)"
+)
 #: One scenario's per-condition rankings, which ``commgym headroom-bound`` reads.
 PER_CONDITION_QUIET = (
     "commgym leaderboard --scenarios busy-link --agents oracle-static --seeds 2 "
@@ -180,10 +191,12 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     "python -m pytest": NotInCI("the default suite itself (.ci/run runs exactly this)"),
     "commgym leaderboard": Run(BOARD, expect=("oracle-static (oracle)", "ppo (learned)")),
     "commgym leaderboard --scenarios slow-link --agents ppo,autotune,static:ddp-default "
-    "--seeds 5": Run(
-        f"--seeds 1 {RECIPE} --fine-tune-episodes 0 --time-budget-s 0.5 --max-decisions 1",
-        shaped=True,
-        expect=("emulated 500mbit",),
+    "--seeds 5": NotInCI(
+        "a recorded run (experiments/results/2026-12-01_leaderboard-four-scenarios); its paths "
+        "run small in tests/experiments/test_scenarios.py::test_scenario_runs_two_decisions"
+        "[slow-link] (the scenario's links on real ranks), tests/experiments/test_leaderboard.py "
+        "(ppo by the surrogate recipe, autotune and static players on one board) and the "
+        "flaky-link row (a leaderboard on a shaped scenario)"
     ),
     "commgym leaderboard --scenarios flaky-link --agents rollout-table,oracle-static,"
     "oracle-adaptive,autotune:progress --seeds 5": Run(
@@ -205,13 +218,10 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         REPLICATION
     ),
     "commgym pool --runs run-a,run-b": NotInCI(REPLICATION),
-    PER_CONDITION_QUIET: Run(HEADROOM, shaped=True, expect=("oracle-static (oracle)",)),
-    PER_CONDITION_BUSY: Run(HEADROOM, shaped=True, expect=("oracle-static (oracle)",)),
+    PER_CONDITION_QUIET: NotInCI(PER_CONDITION),
+    PER_CONDITION_BUSY: NotInCI(PER_CONDITION),
     "commgym headroom-bound --conditions quiet=quiet/busy-link/static-entries-busy-link.csv,"
-    "busy=busy/busy-link/static-entries-busy-link.csv": Run(
-        after=(PER_CONDITION_QUIET, PER_CONDITION_BUSY),
-        expect=("conditions alternating inside a job", "fastest per condition: quiet"),
-    ),
+    "busy=busy/busy-link/static-entries-busy-link.csv": NotInCI(PER_CONDITION),
     "commgym leaderboard --agents ppo --seeds 1 --output-dir policies": Run(BOARD),
     "commgym leaderboard --policy-dir policies --output-dir board": Run(
         BOARD,
@@ -237,9 +247,9 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         expect=("env steps/s",),
     ),
     "commgym": Mention("commgym train --help"),
-    "commgym headroom-bound": Mention(
-        "commgym headroom-bound --conditions quiet=quiet/busy-link/static-entries-busy-link.csv,"
-        "busy=busy/busy-link/static-entries-busy-link.csv"
+    "commgym headroom-bound": NotInCI(
+        "the command's name in prose; its one form in the docs is the per-condition recipe: "
+        + PER_CONDITION
     ),
     "commgym replay": Mention(
         "commgym replay --policy commgym-out/policy.zip --workload mlp-digits --world-size 2 "
@@ -299,7 +309,7 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         "--profiles wan-100m --world-sizes 2 --sizes-mb 1 --repeats 1", shaped=True
     ),
     "commgym bench netem --profiles 10mbit,100mbit,1gbit --world-sizes 4 --sizes-mb "
-    "0.0625,1,16 --repeats 3": Run("--sizes-mb 0.0625,1 --repeats 1", shaped=True),
+    "0.0625,1,16 --repeats 3": Run("--sizes-mb 0.0625 --repeats 1", shaped=True),
     "commgym collect": Mention(COLLECT),
     "commgym fit-surrogate": Mention(
         "commgym fit-surrogate --data commgym-out/transitions.csv --bench "

@@ -219,3 +219,17 @@ def test_drop_impairments_on_the_command_line_warns_and_keeps_the_rate(tmp_path)
     assert dropped.returncode == 0, dropped.stdout[-3000:] + dropped.stderr[-3000:]
     assert "ignoring delay/jitter/loss of network spec '1gbit:5ms'" in dropped.stderr
     assert "applied: 1gbit" in " ".join(dropped.stdout.split())
+
+
+def test_leaderboard_cross_traffic_holds_one_condition_of_a_scenario():
+    """``commgym leaderboard --scenarios busy-link --cross-traffic off|4flows`` (docs/headroom.md):
+    the option replaces the scenario's cross-traffic schedule by one fixed condition, the
+    per-condition rankings ``commgym headroom-bound`` reads."""
+    from commgym.experiments.cli import LEADERBOARD_OPTIONS
+
+    assert "env.cross_traffic" in LEADERBOARD_OPTIONS
+    assert load_run_config("busy-link", {}).env_config.cross_traffic_condition.kind == "schedule"
+    for value, flows in (("off", 0), ("4flows", 4)):
+        cond = load_run_config("busy-link", {"env.cross_traffic": value}).env_config
+        cond = cond.cross_traffic_condition
+        assert cond.kind == "fixed" and [c.flows for c in cond.values] == [flows]

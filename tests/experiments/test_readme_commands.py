@@ -18,6 +18,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -344,6 +345,8 @@ def _serve(lane: Lane, words: list[str]) -> bool:
     while alive(server) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(server), "MLflow server processes left behind"
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0, "port still served"
     # the server's own lines went to its log, not the terminal
     assert "Uvicorn running" in Path(log).read_text()
     for line in ("Uvicorn", "INFO", "Started server process", "Security middleware"):

@@ -18,7 +18,9 @@ ok, why = netem_available()
 
 @pytest.mark.parametrize("scenario", DEFAULT_SCENARIOS)
 def test_scenario_runs_two_decisions(scenario):
-    cfg = load_run_config(scenario, {"env.max_decisions": 2})
+    # one iteration a decision: the scenario's links, menu and target are what is checked,
+    # not its decision length (8 iterations of the dense all-reduce on a shaped link)
+    cfg = load_run_config(scenario, {"env.max_decisions": 2, "env.steps_per_decision": 1})
     env_cfg = cfg.env_config
     assert env_cfg.target_loss is not None and env_cfg.reward == "time_to_target"
     if env_cfg.network is not None and not ok:
