@@ -21,13 +21,14 @@ from commgym.env import EnvConfig  # noqa: E402
 from tests.agents.test_ray_env import CONFIG, _tagged  # noqa: E402
 
 #: How long the killed actor gets to come back. A restart is a new actor process: it imports
-#: torch and commgym, builds the env and launches its 2 torchrun ranks. On this 2-core machine
+#: torch and commgym, builds the env and launches its torchrun rank(s). On this 2-core machine
 #: under a full run's load (load average 13-19) that took over 20 s, the bound this test once
 #: gave every restart (the failure that sent it behind `expensive`: "did not come back within
 #: 20 s" at the kill, before the node was removed); idle it takes a few seconds.
 RESTART_S = 240.0
-#: How long the lost node's actor may wait for room (none comes): the error's deadline.
-NO_ROOM_S = 20.0
+#: How long the lost node's actor may wait for room (none comes): the error's deadline. No
+#: room ever comes, so any bound proves the same; the test waits it out whole.
+NO_ROOM_S = 5.0
 
 
 @pytest.mark.timeout(900)  # two nodes, two actors and a restart under a full run's load
@@ -42,7 +43,11 @@ def test_a_killed_actor_ends_its_episode_and_a_lost_one_is_an_error_not_a_hang()
     vec = None
     try:
         ray.init(address=cluster.address, logging_level="WARNING")
-        cfg = EnvConfig(**{**CONFIG, "max_decisions": 1000, "time_budget_s": 600.0})
+        # one rank per env: the faults are the actors', not the ranks' (half the rank
+        # processes to start on the 2-core machine: two actors and a restart)
+        cfg = EnvConfig(
+            **{**CONFIG, "world_size": 1, "max_decisions": 1000, "time_budget_s": 600.0}
+        )
         vec = RayVecEnv(cfg, 2, resources={"CPU": 2}, restart_timeout_s=RESTART_S)
         where = vec.group.describe()
         [on_worker] = [i for i, d in enumerate(where) if d["node_id"] == worker.node_id]
