@@ -62,74 +62,6 @@ def _measured(info):
     return info["config"], m["bytes_per_step"], m["train_loss"], m["eval_loss"]
 
 
-def test_two_env_actors_in_parallel_match_the_same_seeds_run_sequentially(local_ray):
-    import gymnasium as gym
-    from ray.util import placement_group_table
-
-    import commgym.env  # noqa: F401 - registers the env
-    from commgym.agents.ray_env import actor_resources
-
-    cfg = EnvConfig(**CONFIG)
-    assert actor_resources(cfg) == {"CPU": 2.0}  # by default: world size x threads per rank
-    # two actors of one CPU each: both fit the 2-CPU instance, so they step at once
-    vec = RayVecEnv(cfg, 2, resources={"CPU": 1})
-    try:
-        for group in vec.group.groups:  # one bundle each, its ranks on one host
-            table = placement_group_table(group)
-            assert table["strategy"] == "STRICT_PACK", table
-            assert list(table["bundles"].values()) == [{"CPU": 1.0}], table
-            assert table["state"] == "CREATED", table
-        where = vec.group.describe()
-        assert len({d["pid"] for d in where}) == 2
-        ports = {tuple(d["control_address"] or ()) for d in where}
-        vec.seed(11)  # seeds 11 and 12
-        vec.reset()
-        parallel: list[list[tuple]] = [[], []]
-        for a in ACTIONS[:-1]:  # max_decisions ends the episode at the 6th
-            _, _, dones, infos = vec.step(np.array([a, a]))
-            assert not dones.any()
-            for i in range(2):
-                parallel[i].append(_measured(infos[i]))
-        where = vec.group.describe()
-        ports = {tuple(d["control_address"]) for d in where}
-        assert len(ports) == 2  # each actor's own control listener
-        assert all(d["rank_pids"] for d in where)
-    finally:
-        vec.close()
-    env = gym.make("commgym/AllReduce-v1", config=cfg)
-    try:
-        for i, seed in enumerate((11, 12)):
-            env.reset(seed=seed)
-            sequential = [_measured(env.step(np.array(a))[4]) for a in ACTIONS[:-1]]
-            assert sequential == parallel[i]  # configs, bytes and losses, exactly
-    finally:
-        env.close()
-
-
-def test_ppo_learns_through_ray_vec_env(local_ray):
-    from commgym.agents import make_agent
-    from commgym.agents.base import LayoutEnv
-
-    cfg = EnvConfig(**{**CONFIG, "max_decisions": 8})
-    vec = RayVecEnv(cfg, 2, resources={"CPU": 1})
-    steps = []
-    try:
-        agent = make_agent(
-            "ppo", LayoutEnv(cfg.menu), seed=0, vec_env=vec, n_steps=32, batch_size=32,
-            n_epochs=2,
-        )  # fmt: skip
-        before = [p.detach().clone() for p in agent.model.policy.parameters()]
-        agent.learn(256, callback=steps.append)
-        after = list(agent.model.policy.parameters())
-    finally:
-        vec.close()
-    assert agent.model.num_timesteps >= 256
-    assert len(steps) >= 256 and {s["env"] for s in steps} == {0, 1}
-    assert sum(s["truncated"] for s in steps) >= 2 * (256 // 2 // 8) - 2  # whole episodes
-    assert all("measured" in s["info"] for s in steps)
-    assert any(not bool((b == a).all()) for b, a in zip(before, after, strict=True))
-
-
 def _netns() -> set[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
     return {line.split()[0] for line in out.stdout.splitlines() if line.split()}
@@ -206,33 +138,114 @@ def test_more_env_actors_than_the_cluster_holds_is_a_clear_error(local_ray):
         EnvActors(cfg, 3)
 
 
-def test_two_env_actors_on_one_node_get_their_own_networks(local_ray):
+@pytest.fixture(scope="module")
+def two_actors(local_ray):
+    """Two env actors of one CPU each on the 2-CPU instance, shared by the tests below.
+
+    Started once (each start is two actor processes and their ranks): on an emulated network
+    where the host allows, so the one launch also shows each actor its own network. They hold
+    both CPUs, so the tests needing an actor of their own (a killed actor) come first in this
+    file. Closing them leaves no rank and no namespace (checked here, at teardown).
+    """
+    ok, _ = netem_available()
+    extra = {"network": "1gbit"} if ok else {}
+    cfg = EnvConfig(**{**CONFIG, **extra})
+    vec = RayVecEnv(cfg, 2, resources={"CPU": 1})
+    names: set[str] = set()
+    try:
+        yield vec
+        # an actor's network exists once its ranks run (the first reset)
+        names = {d["network"]["name"] for d in vec.group.describe() if d["network"]}
+    finally:
+        vec.close()
+    time.sleep(1.0)
+    assert not _tagged(vec.tags), "ranks of the env actors are still running"
+    left = {ns for ns in _netns() if ns.split("-")[0] in names}
+    assert not left, f"namespaces left behind: {left}"
+
+
+def test_two_env_actors_in_parallel_match_the_same_seeds_run_sequentially(two_actors):
+    import gymnasium as gym
+    from ray.util import placement_group_table
+
+    import commgym.env  # noqa: F401 - registers the env
+    from commgym.agents.ray_env import actor_resources
+
+    vec = two_actors
+    cfg = vec.group.config
+    assert actor_resources(cfg) == {"CPU": 2.0}  # by default: world size x threads per rank
+    # two actors of one CPU each: both fit the 2-CPU instance, so they step at once
+    for group in vec.group.groups:  # one bundle each, its ranks on one host
+        table = placement_group_table(group)
+        assert table["strategy"] == "STRICT_PACK", table
+        assert list(table["bundles"].values()) == [{"CPU": 1.0}], table
+        assert table["state"] == "CREATED", table
+    where = vec.group.describe()
+    assert len({d["pid"] for d in where}) == 2
+    vec.seed(11)  # seeds 11 and 12
+    vec.reset()
+    parallel: list[list[tuple]] = [[], []]
+    for a in ACTIONS[:-1]:  # max_decisions ends the episode at the 6th
+        _, _, dones, infos = vec.step(np.array([a, a]))
+        assert not dones.any()
+        for i in range(2):
+            parallel[i].append(_measured(infos[i]))
+    where = vec.group.describe()
+    ports = {tuple(d["control_address"]) for d in where}
+    assert len(ports) == 2  # each actor's own control listener
+    assert all(d["rank_pids"] for d in where)
+    env = gym.make("commgym/AllReduce-v1", config=cfg)
+    try:
+        for i, seed in enumerate((11, 12)):
+            env.reset(seed=seed)
+            sequential = [_measured(env.step(np.array(a))[4]) for a in ACTIONS[:-1]]
+            assert sequential == parallel[i]  # configs, bytes and losses, exactly
+    finally:
+        env.close()
+
+
+def test_two_env_actors_on_one_node_get_their_own_networks(two_actors):
     ok, why = netem_available()
     if not ok:
         pytest.skip(f"no emulated network on this host: {why}")
-    cfg = EnvConfig(**{**CONFIG, "network": "1gbit"})
-    vec = RayVecEnv(cfg, 2, resources={"CPU": 1})
-    try:
-        vec.seed(21)
-        vec.reset()
-        _, _, _, infos = vec.step(np.array([ACTIONS[0], ACTIONS[0]]))
-        where = vec.group.describe()
-        assert len({d["node_id"] for d in where}) == 1  # one node, two actors
-        nets = [d["network"] for d in where]
-        assert all(n is not None for n in nets)
-        assert len({n["name"] for n in nets}) == 2
-        assert len({n["subnet"] for n in nets}) == 2
-        spaces = [set(n["namespaces"]) for n in nets]
-        assert not spaces[0] & spaces[1]
-        # each actor's ranks rendezvous inside its own network
-        endpoints = [_rdzv_endpoints(_tagged([d["tag"]])) for d in where]
-        assert all(len(e) == 1 for e in endpoints) and endpoints[0] != endpoints[1]
-        assert all(i["measured"]["bytes_per_step"] > 0 for i in infos)
-        names = {n["name"] for n in nets}
-    finally:
-        vec.close()
-    left = {ns for ns in _netns() if ns.split("-")[0] in names}
-    assert not left, f"namespaces left behind: {left}"
+    vec = two_actors
+    vec.seed(21)
+    vec.reset()
+    _, _, _, infos = vec.step(np.array([ACTIONS[0], ACTIONS[0]]))
+    where = vec.group.describe()
+    assert len({d["node_id"] for d in where}) == 1  # one node, two actors
+    nets = [d["network"] for d in where]
+    assert all(n is not None for n in nets)
+    assert len({n["name"] for n in nets}) == 2
+    assert len({n["subnet"] for n in nets}) == 2
+    spaces = [set(n["namespaces"]) for n in nets]
+    assert not spaces[0] & spaces[1]
+    # each actor's ranks rendezvous inside its own network
+    endpoints = [_rdzv_endpoints(_tagged([d["tag"]])) for d in where]
+    assert all(len(e) == 1 for e in endpoints) and endpoints[0] != endpoints[1]
+    assert all(i["measured"]["bytes_per_step"] > 0 for i in infos)
+    # the namespaces go with the actors: checked when the fixture closes them
+
+
+def test_ppo_learns_through_ray_vec_env(two_actors):
+    from commgym.agents import make_agent
+    from commgym.agents.base import LayoutEnv
+
+    vec = two_actors
+    decisions = vec.group.config.max_decisions
+    steps = []
+    agent = make_agent(
+        "ppo", LayoutEnv(vec.group.config.menu), seed=0, vec_env=vec, n_steps=32, batch_size=32,
+        n_epochs=2,
+    )  # fmt: skip
+    before = [p.detach().clone() for p in agent.model.policy.parameters()]
+    agent.learn(128, callback=steps.append)
+    after = list(agent.model.policy.parameters())
+    assert agent.model.num_timesteps >= 128
+    assert len(steps) >= 128 and {s["env"] for s in steps} == {0, 1}
+    assert sum(s["truncated"] for s in steps) >= 2 * (128 // 2 // decisions) - 2  # whole episodes
+    assert all("measured" in s["info"] for s in steps)
+    assert any(not bool((b == a).all()) for b, a in zip(before, after, strict=True))
 
 
 def _rdzv_endpoints(pids) -> set[str]:
