@@ -16,6 +16,7 @@ from commgym.collectives.checks import check_int
 __all__ = [
     "CLI_FIELDS",
     "CONFIG_DIR",
+    "ENV_KINDS",
     "EXECUTORS",
     "CliField",
     "RunConfig",
@@ -27,6 +28,10 @@ __all__ = [
 
 #: Where real episodes run (``RunConfig.executor``): embedded in this process, or on Ray.
 EXECUTORS = ("local", "ray")
+
+#: Where an agent learns (``RunConfig.env_kind``): real ranks, the regression surrogate
+#: (``commgym/Surrogate-v1``) or the factorised simulator (``commgym/Sim-v1``).
+ENV_KINDS = ("real", "surrogate", "sim")
 
 #: Folder of the scenario files shipped with commgym (see :func:`shipped_configs`).
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -57,22 +62,28 @@ class RunConfig:
             ``MLFLOW_TRACKING_URI``).
         experiment: MLflow experiment name.
         output_dir: folder for the policy, plots and CSVs.
-        env_kind: where the agent learns: ``"real"`` (``commgym/AllReduce-v1``) or
-            ``"surrogate"`` (``commgym/Surrogate-v1``; evaluation stays on real ranks).
+        env_kind: where the agent learns: ``"real"`` (``commgym/AllReduce-v1``),
+            ``"surrogate"`` (``commgym/Surrogate-v1``) or ``"sim"`` (the factorised
+            simulator ``commgym/Sim-v1``); evaluation stays on real ranks.
         surrogate: fitted surrogate model file for ``env_kind="surrogate"``; ``None``
             collects ``surrogate_decisions`` real decisions of the scenario first (sticky
             random exploration) and fits one into ``output_dir``.
         surrogate_decisions: real decisions recorded when ``surrogate`` is ``None``.
+        calibration: the simulator's calibration (a ``commgym calibrate-sim`` JSON) for
+            ``env_kind="sim"``; ``None``: ``sim-calibration/<workload setting>.json`` under
+            the current folder, calibrated on real ranks first when it does not exist
+            (:func:`~commgym.experiments.calibrate_sim.calibrate_sim`, its defaults).
         tuning_decisions: real decisions each tuning baseline (``bayesopt``, ``grid``,
             ``bandit``, ``accordion``, ``adacomm``, learning agents) spends tuning before
             it is evaluated; ``None``: as many as the learned agent saw on real ranks
-            (``surrogate_decisions`` when it learns on the surrogate, else
-            ``timesteps``), see :attr:`resolved_tuning_decisions`.
+            (``surrogate_decisions`` when it learns on the surrogate or the simulator,
+            else ``timesteps``), see :attr:`resolved_tuning_decisions`.
         baseline_kwargs: hyperparameters per baseline name, e.g. ``{"autotune":
             {"tuning_decisions": 4}}`` (sized to the scenario's episodes); names must be
             agents of ``baselines`` or of a leaderboard's agents.
         fine_tune_episodes: after learning on the surrogate, episodes of fine-tuning on
-            real ranks (SB3 agents; the sim-to-real recipe, 0 to 10; 0: none). Their
+            real ranks (SB3 agents; the sim-to-real recipe, 0 to 10; 0: none), the
+            same after learning on the simulator. Their
             real decisions count in the agent's training cost. A scenario file's value
             applies to agents that can fine-tune only (:func:`load_run_config`).
         executor: where real episodes run: ``"local"`` (embedded: this process's env, one
@@ -102,6 +113,7 @@ class RunConfig:
     env_kind: str = "real"
     surrogate: str | None = None
     surrogate_decisions: int = 400
+    calibration: str | None = None
     tuning_decisions: int | None = None
     fine_tune_episodes: int = 0
     baseline_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -110,8 +122,8 @@ class RunConfig:
     ray_envs: int | None = None
 
     def __post_init__(self) -> None:
-        if self.env_kind not in ("real", "surrogate"):
-            raise ValueError(f"env_kind must be 'real' or 'surrogate', got {self.env_kind!r}")
+        if self.env_kind not in ENV_KINDS:
+            raise ValueError(f"env_kind must be one of {list(ENV_KINDS)}, got {self.env_kind!r}")
         for name in ("timesteps", "episodes", "surrogate_decisions", "tuning_decisions"):
             v = getattr(self, name)
             if v is None and name == "tuning_decisions":
@@ -120,10 +132,11 @@ class RunConfig:
         ft = self.fine_tune_episodes
         note = " (a few real episodes after learning on the surrogate)"
         check_int("fine_tune_episodes", ft, 0, 10, note)
-        if ft and self.env_kind != "surrogate":
+        if ft and self.env_kind == "real":
             raise ValueError(
-                f"fine_tune_episodes={ft} refines a policy learned on the surrogate; with "
-                "env_kind='real' the agent already learns on real ranks (set it to 0)"
+                f"fine_tune_episodes={ft} refines a policy learned on the surrogate or the "
+                "simulator; with env_kind='real' the agent already learns on real ranks (set "
+                "it to 0)"
             )
         if not isinstance(self.baseline_kwargs, dict) or not all(
             isinstance(v, dict) for v in self.baseline_kwargs.values()
@@ -227,11 +240,14 @@ class RunConfig:
         """Real decisions a tuning baseline gets before evaluation.
 
         ``tuning_decisions`` when set, else the real-decision budget the learned agent
-        had: ``surrogate_decisions`` on the surrogate, ``timesteps`` on real ranks.
+        had: ``surrogate_decisions`` on the surrogate (its recording), ``timesteps`` on
+        real ranks. On the simulator the calibration's real decisions are known only once
+        it ran, so the surrogate's budget applies; ``commgym train`` prints the
+        calibration's count (pass ``tuning_decisions`` to match it).
         """
         if self.tuning_decisions is not None:
             return self.tuning_decisions
-        return self.surrogate_decisions if self.env_kind == "surrogate" else self.timesteps
+        return self.timesteps if self.env_kind == "real" else self.surrogate_decisions
 
     def to_dict(self, *, resolved: bool = True) -> dict[str, Any]:
         """Plain values (for YAML and MLflow params).
@@ -348,8 +364,14 @@ CLI_FIELDS: dict[str, CliField] = {
     "output_dir": CliField("Folder for the policy, plots and CSVs."),
     "env_kind": CliField(
         "Where the agent learns: 'surrogate' (fitted first from real decisions unless "
-        "--surrogate is given) or 'real' ranks. Evaluation always runs on real ranks.",
+        "--surrogate is given), 'sim' (the factorised simulator, calibrated first unless "
+        "--calibration is given) or 'real' ranks. Evaluation always runs on real ranks.",
         flag="--env",
+    ),
+    "calibration": CliField(
+        "The simulator's calibration JSON (with --env sim; unset: "
+        "sim-calibration/<workload setting>.json, calibrated first when missing).",
+        show_default=False,
     ),
     "surrogate": CliField(
         "Surrogate model file (with --env surrogate; unset: collect and fit first).",
@@ -359,7 +381,8 @@ CLI_FIELDS: dict[str, CliField] = {
     "env.target_loss": CliField("Held-out loss that ends an episode (time-to-target)."),
     "env.max_decisions": CliField("Cap on decisions per episode (truncates).", min=1),
     "fine_tune_episodes": CliField(
-        "Real episodes of fine-tuning after learning on the surrogate (0-10).", min=0
+        "Real episodes of fine-tuning after learning on the surrogate or simulator (0-10).",
+        min=0,
     ),
     "env.shards": CliField(
         "How the training set is split over ranks: iid, or label-skew[:f] (non-IID: "

@@ -38,7 +38,9 @@ def train(cfg: RunConfig, env: gym.Env | None = None) -> dict[str, list[Episode]
 
     With ``cfg.env_kind == "surrogate"`` the agent learns on ``commgym/Surrogate-v1``
     (fitted first from ``cfg.surrogate_decisions`` real decisions when ``cfg.surrogate``
-    is unset) and the sim-to-real gap is logged; evaluation always runs on real ranks.
+    is unset), with ``"sim"`` on ``commgym/Sim-v1`` (calibrated first when
+    ``cfg.calibration``'s file does not exist), and the sim-to-real gap is logged;
+    evaluation always runs on real ranks.
 
     Args:
         cfg: the resolved run configuration.
@@ -51,7 +53,8 @@ def train(cfg: RunConfig, env: gym.Env | None = None) -> dict[str, list[Episode]
 
     Raises:
         FileNotFoundError: ``cfg.surrogate`` names a file that does not exist.
-        ValueError: ``cfg.surrogate`` is not a surrogate model file of this version.
+        ValueError: ``cfg.surrogate`` is not a surrogate model file of this version, or
+            ``cfg.calibration`` is not a calibration of this scenario's setting and menu.
     """
     from commgym.experiments.tracking import Tracker
 
@@ -64,6 +67,7 @@ def train(cfg: RunConfig, env: gym.Env | None = None) -> dict[str, list[Episode]
         from commgym.env.surrogate import SurrogateModel
 
         SurrogateModel.load(cfg.surrogate)  # a wrong file fails here, before ranks start
+    check_calibration(cfg)
     from commgym.experiments.executors import open_executor
 
     with open_executor(cfg) as executor:
@@ -112,7 +116,9 @@ def learn_agent(
     On ``env_kind="surrogate"``: record ``cfg.surrogate_decisions`` real decisions (unless
     ``cfg.surrogate`` names a fitted model), fit the surrogate, learn ``cfg.timesteps``
     decisions on it, then fine-tune on real ranks for ``cfg.fine_tune_episodes`` episodes.
-    On ``env_kind="real"``: learn ``cfg.timesteps`` real decisions.
+    On ``env_kind="sim"``: calibrate the simulator on real ranks (unless its calibration
+    file exists), learn ``cfg.timesteps`` decisions in ``commgym/Sim-v1``, fine-tune as on
+    the surrogate. On ``env_kind="real"``: learn ``cfg.timesteps`` real decisions.
 
     Args:
         cfg: the resolved run configuration.
@@ -141,9 +147,11 @@ def learn_agent(
     surrogate = None
     cls = AGENTS.get(cfg.agent.split(":", 1)[0])
     real_only = cls is not None and cls.needs_real_env
-    if real_only and cfg.env_kind == "surrogate":
+    if real_only and cfg.env_kind != "real":
         console.print(f"{cfg.agent} learns by forking real episodes: it trains on real ranks")
-    if cfg.env_kind == "surrogate" and not real_only:
+    if cfg.env_kind == "sim" and not real_only:
+        surrogate = _make_sim_env(cfg, parent, cost)
+    elif cfg.env_kind == "surrogate" and not real_only:
         path = cfg.surrogate
         if not path:
             t0 = time.perf_counter()
@@ -168,7 +176,9 @@ def learn_agent(
         params = parent_params(cfg, {f"agent.{k}": v for k, v in agent.hyperparams.items()})
         parent.log_params({prefix + k: v for k, v in params.items()})
         t0 = time.perf_counter()
-        where = "the surrogate" if surrogate is not None else "real ranks"
+        where = "real ranks"
+        if surrogate is not None:
+            where = "the simulator" if cfg.env_kind == "sim" else "the surrogate"
         # what an oracle learns is its search over the evaluation seeds (best-static's is
         # the same search on training seeds)
         searches = agent.oracle or isinstance(agent, OracleStaticAgent)
@@ -230,6 +240,69 @@ def learn_agent(
     parent.log_artifact(policy)
     console.print(f"policy saved to [bold]{policy}[/bold]")
     return agent, cost, surrogate
+
+
+def calibration_path(cfg: RunConfig) -> Path:
+    """The simulator's calibration file of ``cfg``.
+
+    ``cfg.calibration``, else the default ``sim-calibration/<workload setting>.json``
+    under the current folder.
+    """
+    from commgym.experiments.calibrate_sim import default_calibration_path
+
+    return Path(cfg.calibration or default_calibration_path(cfg.env_config))
+
+
+def check_calibration(cfg: RunConfig) -> None:
+    """Refuse, before any rank starts, a simulator calibration that cannot serve ``cfg``.
+
+    Raises:
+        FileNotFoundError: ``cfg.calibration`` is given and does not exist.
+        ValueError: the file is not a calibration, or one of another workload setting,
+            menu or target (:meth:`~commgym.env.sim.Calibration.check`).
+    """
+    if cfg.env_kind != "sim":
+        return
+    path = calibration_path(cfg)
+    if not path.is_file():
+        if cfg.calibration:
+            raise FileNotFoundError(
+                f"calibration {cfg.calibration!r} not found: make one with `commgym "
+                "calibrate-sim --config SCENARIO --out PATH`, or leave calibration unset to "
+                "calibrate first"
+            )
+        return  # calibrated by learn_agent
+    from commgym.env.sim import Calibration
+
+    Calibration.load(path).check(cfg.env_config)
+
+
+def _make_sim_env(cfg: RunConfig, run: Any, cost: TrainingCost) -> gym.Env:
+    """``commgym/Sim-v1`` of ``cfg``, calibrated on real ranks first when its file is missing.
+
+    The calibration's real seconds and decisions count in ``cost``.
+    """
+    import commgym.env  # noqa: F401 - registers the env
+    from commgym.env.sim import Calibration
+
+    path = calibration_path(cfg)
+    if not path.is_file():
+        from commgym.experiments.calibrate_sim import calibrate_sim
+
+        t0 = time.perf_counter()
+        # the calibration runs its own unshaped episodes on ranks of its own (the
+        # scenario's links enter through the wire fit of the rates its plan can put in force)
+        cal = calibrate_sim(cfg.env_config, path, progress=phase)
+        cost.add("calibrate_s", time.perf_counter() - t0, int(cal.meta["real_decisions"]))
+    cal = Calibration.load(path)
+    run.log_artifact(str(path))
+    meta = cal.meta
+    console.print(
+        f"simulator calibration {path}: {meta.get('real_decisions')} real decisions, "
+        f"{float(meta.get('real_s', 0.0)):.0f} s on real ranks (`commgym bench sim` prints its "
+        "fidelity gates)"
+    )
+    return gym.make("commgym/Sim-v1", calibration=cal, config=cfg.env_config)
 
 
 def _make_surrogate_env(cfg: RunConfig, path: str | Path) -> gym.Env:

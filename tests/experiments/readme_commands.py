@@ -246,6 +246,11 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         after=(COLLECT,),
         expect=("env steps/s",),
     ),
+    "commgym train --config flaky-link --env sim": NotInCI(
+        "calibrates the simulator on real ranks first (about 7 minutes on this machine); the "
+        "same path, a tiny calibration then `commgym train --env sim --calibration`, runs in "
+        "tests/experiments/test_train_sim.py"
+    ),
     "commgym": Mention("commgym train --help"),
     "commgym headroom-bound": NotInCI(
         "the command's name in prose; its one form in the docs is the per-condition recipe: "

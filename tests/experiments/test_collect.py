@@ -92,8 +92,9 @@ def test_train_collects_and_fits_the_surrogate_first(tmp_path):
 
 
 def test_config_env_kind_validation():
-    with pytest.raises(ValueError, match="env_kind"):
-        load_run_config("smoke", {"env_kind": "sim"})
+    with pytest.raises(ValueError, match=r"env_kind must be one of \['real', 'surrogate', 'sim'\]"):
+        load_run_config("smoke", {"env_kind": "simulator"})
+    assert load_run_config("smoke", {"env_kind": "sim"}).calibration is None  # calibrate first
     cfg = load_run_config("smoke", {"env_kind": "surrogate"})
     assert cfg.surrogate is None and cfg.surrogate_decisions == 400  # collect and fit first
     cfg = load_run_config("surrogate")
