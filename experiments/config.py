@@ -72,7 +72,8 @@ class RunConfig:
         calibration: the simulator's calibration (a ``commgym calibrate-sim`` JSON) for
             ``env_kind="sim"``; ``None``: ``sim-calibration/<workload setting>.json`` under
             the current folder, calibrated on real ranks first when it does not exist
-            (:func:`~commgym.experiments.calibrate_sim.calibrate_sim`, its defaults).
+            (:func:`~commgym.experiments.calibrate_sim.calibrate_sim`, its defaults). Also
+            the record ``mpc`` plans over when its own kwargs name none.
         tuning_decisions: real decisions each tuning baseline (``bayesopt``, ``grid``,
             ``bandit``, ``accordion``, ``adacomm``, learning agents) spends tuning before
             it is evaluated; ``None``: as many as the learned agent saw on real ranks
@@ -204,9 +205,14 @@ class RunConfig:
         for name, kwargs in planners:
             if name == "mpc" and not kwargs.get("calibration"):
                 where = "agent_kwargs" if name == self.agent else "baseline_kwargs"
+                if self.calibration:  # the run's one calibration (--calibration)
+                    held = getattr(self, where)
+                    held["mpc"] = {**held.get("mpc", {}), "calibration": self.calibration}
+                    continue
                 raise ValueError(
                     "agent 'mpc' plans over a calibrated simulator model: give its record "
-                    f"(from `commgym calibrate-sim`) as {where}: {{mpc: {{calibration: PATH}}}}"
+                    "(from `commgym calibrate-sim`) as --calibration PATH or as "
+                    f"{where}: {{mpc: {{calibration: PATH}}}}"
                 )
         if ft and not can_fine_tune(self.agent):
             raise ValueError(

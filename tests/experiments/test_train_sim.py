@@ -91,3 +91,16 @@ def test_a_calibration_that_cannot_serve_the_scenario_is_refused_before_ranks_st
     )  # fmt: skip
     assert other.returncode != 0 and "world_size=3 (calibrated: 2)" in other.stderr
     assert "Traceback" not in other.stderr
+
+
+def test_mpc_plans_over_the_runs_calibration(scenario):
+    """``--calibration`` is also the record ``mpc`` plans over (no agent_kwargs needed)."""
+    tmp, cal = scenario
+    out = cli_ok(
+        ["train", "--config", str(tmp / "sim.yaml"), "--agent", "mpc", "--calibration", str(cal),
+         "--tracking-uri", f"sqlite:///{tmp}/mlflow.db", "--output-dir", str(tmp / "mpc")],
+        tmp,
+    )  # fmt: skip
+    assert "mpc (learned)" in out and "sim-to-real gap" in out
+    config = yaml.safe_load((tmp / "mpc" / "config.yaml").read_text())
+    assert config["agent_kwargs"]["mpc"]["calibration"] == str(cal)
