@@ -74,6 +74,11 @@ class RunConfig:
             the current folder, calibrated on real ranks first when it does not exist
             (:func:`~commgym.experiments.calibrate_sim.calibrate_sim`, its defaults). Also
             the record ``mpc`` plans over when its own kwargs name none.
+        sim_randomize: domain randomisation while learning in the simulator
+            (``env_kind="sim"``, a scenario whose link is a schedule): the keyword arguments
+            of :class:`~commgym.env.sim.randomize.RandomizedConditions`, e.g.
+            ``{length_jitter: 0.4, rate_swap: 0.1}``; ``None``: the scenario's own schedule.
+            Evaluation and the sim-to-real gap use the scenario as it is.
         tuning_decisions: real decisions each tuning baseline (``bayesopt``, ``grid``,
             ``bandit``, ``accordion``, ``adacomm``, learning agents) spends tuning before
             it is evaluated; ``None``: as many as the learned agent saw on real ranks
@@ -115,6 +120,7 @@ class RunConfig:
     surrogate: str | None = None
     surrogate_decisions: int = 400
     calibration: str | None = None
+    sim_randomize: dict[str, float] | None = None
     tuning_decisions: int | None = None
     fine_tune_episodes: int = 0
     baseline_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -181,6 +187,7 @@ class RunConfig:
         self.agent_kwargs = keyed_agent_kwargs(self.agent_kwargs, self.agent)
         # resolved and validated once, here; the env is built from this very object
         self.env_config = EnvConfig(**self.env)
+        self._check_sim_randomize()
         from commgym.agents.autotune import OBJECTIVES
 
         for name in [self.agent, *self.baselines, *self.baseline_kwargs, *self.agent_kwargs]:
@@ -224,6 +231,25 @@ class RunConfig:
     def agent_hyperparams(self) -> dict[str, Any]:
         """The learned agent's own hyperparameters: ``agent_kwargs[agent]`` (or none)."""
         return dict(self.agent_kwargs.get(self.agent, {}))
+
+    def _check_sim_randomize(self) -> None:
+        r = self.sim_randomize
+        if r is None:
+            return
+        known = ("length_jitter", "rate_swap")
+        if not isinstance(r, dict) or not set(r) <= set(known):
+            raise ValueError(f"sim_randomize must map some of {list(known)} to numbers, got {r!r}")
+        if self.env_kind != "sim":
+            raise ValueError(
+                f"sim_randomize redraws the link schedule while learning in the simulator; "
+                f"env_kind is {self.env_kind!r} (set env_kind: sim, or drop sim_randomize)"
+            )
+        kind = self.env_config.network_plan.kind
+        if kind != "schedule":
+            raise ValueError(
+                "sim_randomize redraws a link schedule; this scenario's network is "
+                f"{kind!r} (give env.network a schedule, or drop sim_randomize)"
+            )
 
     def _check_executor(self) -> None:
         if self.executor not in EXECUTORS:

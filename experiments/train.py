@@ -167,9 +167,17 @@ def learn_agent(
         vec_env, real_env = executor.learning_env(env, cfg.env_config, cls)
     # the parent run holds the learning curve; per-decision metrics live in the
     # evaluation children (20,000 decisions x 14 metrics filled ~80 MB of mlflow.db)
-    learn_env = TrackingWrapper(
-        surrogate if surrogate is not None else real_env, parent, prefix, log_decisions=False
-    )
+    learn_on = surrogate if surrogate is not None else real_env
+    if surrogate is not None and cfg.sim_randomize:
+        from commgym.env.sim.randomize import RandomizedConditions
+
+        # a new link trace every episode while learning: a policy that reacts to the link,
+        # not to the clock. The wrapper rewrites its env's config at each reset, so it gets
+        # a twin of the simulator; the gap and fine-tuning keep the scenario's own plan.
+        twin = gym.make("commgym/Sim-v1", calibration=surrogate.unwrapped.calibration,
+                        config=cfg.env_config)  # fmt: skip
+        learn_on = RandomizedConditions(twin, **cfg.sim_randomize)
+    learn_env = TrackingWrapper(learn_on, parent, prefix, log_decisions=False)
     try:
         extra = {} if vec_env is None else {"vec_env": vec_env}
         agent = build_agent(cfg.agent, learn_env, cfg, {**cfg.agent_hyperparams, **extra})

@@ -11,7 +11,9 @@ fast phase can come twice). The episode's per-seed shift then applies as in the 
 A fixed link or per-episode profiles are left as they are (they have no trace to vary).
 
 The draw uses the wrapper's own generator, seeded by the first ``reset(seed=...)``, so a
-training run is reproducible; evaluation uses the unwrapped env (the scenario as it is).
+training run is reproducible. Each reset rewrites the wrapped env's ``config`` (its network),
+so evaluation uses another instance of the simulator (the scenario as it is), as
+``commgym train`` does with ``sim_randomize``.
 """
 
 from __future__ import annotations

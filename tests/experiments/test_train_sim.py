@@ -104,3 +104,42 @@ def test_mpc_plans_over_the_runs_calibration(scenario):
     assert "mpc (learned)" in out and "sim-to-real gap" in out
     config = yaml.safe_load((tmp / "mpc" / "config.yaml").read_text())
     assert config["agent_kwargs"]["mpc"]["calibration"] == str(cal)
+
+
+def test_sim_randomize_redraws_the_link_trace_while_learning(tmp_path, monkeypatch):
+    """``sim_randomize``: learning sees a new link trace per episode; the returned simulator
+    (the sim-to-real gap's) keeps the scenario's own plan. The simulator's fixture calibration
+    (tests/env/test_sim.py) stands in for a real one: no rank runs here."""
+    from commgym.env.sim.randomize import RandomizedConditions
+    from commgym.experiments.config import RunConfig
+    from commgym.experiments.tracking import Tracker
+    from commgym.experiments.train import learn_agent
+    from tests.env.test_sim import _calibration, _env_cfg
+
+    flaky = {"schedule": [[0, "10mbit"], [1.0, "100mbit"], [2.0, "10mbit"]], "shift_s": 0.2}
+    _calibration().save(tmp_path / "cal.json")
+    traces: list[list] = []
+    reset = RandomizedConditions.reset
+
+    def spied(self, *args, **kwargs):
+        out = reset(self, *args, **kwargs)
+        traces.append([list(p) for p in self.schedule])
+        return out
+
+    monkeypatch.setattr(RandomizedConditions, "reset", spied)
+    cfg = RunConfig(
+        agent="ppo", agent_kwargs={"ppo": {"n_steps": 16, "batch_size": 16, "n_epochs": 1}},
+        timesteps=64, env=_env_cfg(network=flaky, probe_bytes=65536).to_dict(), env_kind="sim",
+        calibration=str(tmp_path / "cal.json"), baselines=[], output_dir=str(tmp_path / "out"),
+        sim_randomize={"length_jitter": 0.6, "rate_swap": 0.0},
+    )  # fmt: skip
+    (tmp_path / "out").mkdir()
+    with Tracker(f"sqlite:///{tmp_path}/m.db", experiment="x").start_run("t") as run:
+        _, _, sim = learn_agent(cfg, None, run, tmp_path / "out")
+    assert len(traces) >= 2 and len({str(t) for t in traces}) == len(traces), traces
+    assert all([s for _, s in t] == ["10mbit", "100mbit", "10mbit"] for t in traces)
+    assert sim.unwrapped.config.network_plan is cfg.env_config.network_plan
+    with pytest.raises(ValueError, match="sim_randomize redraws a link schedule"):
+        RunConfig(env_kind="sim", sim_randomize={"length_jitter": 0.4})
+    with pytest.raises(ValueError, match="env_kind is 'real'"):
+        RunConfig(env=cfg.env, sim_randomize={"length_jitter": 0.4})
