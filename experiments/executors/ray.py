@@ -134,6 +134,10 @@ class RayExecutor:
         if not ray.is_initialized():
             if address is None:
                 ray.init(
+                    # "local": a new instance even while another cluster runs on this host
+                    # (without it ray.init joins whatever Ray's current-cluster file names,
+                    # e.g. another user's `ray start --head` or a test's cluster)
+                    address="local",
                     _node_ip_address="127.0.0.1",
                     include_dashboard=False,
                     num_cpus=num_cpus,

@@ -347,8 +347,9 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     ),
     "commgym leaderboard --scenarios default --agents static:ddp-default,static:fp16-dense "
     "--seeds 2 --executor ray": NotInCI(
-        "the same command on a smaller scenario (a leaderboard with --executor ray on a local "
-        "Ray instance it starts) runs in tests/experiments/test_executor.py::"
+        "the same command on a smaller scenario (a leaderboard with --executor ray, joining a "
+        "two-node Ray cluster on loopback with --ray-address) runs in "
+        "tests/experiments/test_executor.py::"
         "test_leaderboard_on_ray_gives_the_local_rows_and_runs, which also compares its rows "
         "with the local executor's; a second Ray instance here would repeat that path"
     ),

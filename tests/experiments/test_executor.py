@@ -199,9 +199,11 @@ def two_nodes():
 
     Started once for the two-node tests below (each start costs a head and a node); they
     run in file order, the last one removes the worker node. While it runs, a plain
-    ``ray.init()`` (a driver starting a local Ray instance) would join it instead (Ray's
-    ``Cluster`` writes the machine's current-cluster address): the tests of the CLI's local
-    instance come before it in this file.
+    ``ray.init()`` would join it (Ray's ``Cluster`` writes the machine's current-cluster
+    address); the executor's local instance asks for ``address="local"`` and is checked
+    to stay its own by ``test_a_local_instance_is_its_own_while_a_cluster_runs``. The CLI
+    tests of the local instance still come first in this file (one cluster at a time on
+    2 cores).
     """
     from ray.cluster_utils import Cluster
 
@@ -387,6 +389,32 @@ def _cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def test_a_local_instance_is_its_own_while_a_cluster_runs(two_nodes):
+    """No address: a new local instance (``ray.init(address="local")``), never the cluster
+    Ray's current-cluster file names (another user's ``ray start --head``, a test's).
+
+    In a driver process of its own: this process joins the cluster in the next test.
+    """
+    code = (
+        "import ray\n"
+        "from commgym.experiments.executors.ray import RayExecutor\n"
+        "with RayExecutor(num_cpus=1) as ex:\n"
+        "    print('started', ex.started, 'nodes', len(ray.nodes()),"
+        " 'cpus', ray.cluster_resources().get('CPU'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "started True nodes 1 cpus 1.0" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
 def test_a_node_lost_mid_episode_is_that_episodes_failure_and_the_sweep_goes_on(two_nodes):
