@@ -485,10 +485,10 @@ def sim_to_real_gap(
     run: Any,
     prefix: str = "",
 ) -> float:
-    """Return on the surrogate minus return on real ranks, same policy and seeds.
+    """Return on the surrogate (or simulator) minus return on real ranks, same policy and seeds.
 
-    Logs ``<prefix>sim2real/surrogate_return``, ``<prefix>sim2real/real_return`` and
-    ``<prefix>sim2real/gap``.
+    Logs (under the surrogate's names for both) ``<prefix>sim2real/surrogate_return``,
+    ``<prefix>sim2real/real_return`` and ``<prefix>sim2real/gap``.
     """
     target = cfg.env_config.target_loss
     sim = [rollout(surrogate, agent, r.seed, target_loss=target).episode_return for r in real]
@@ -503,8 +503,9 @@ def sim_to_real_gap(
         },
         step=0,
     )
+    where = "simulator" if cfg.env_kind == "sim" else "surrogate"
     console.print(
-        f"sim-to-real gap: surrogate return {sim_mean:.3f} - real return {real_mean:.3f} "
+        f"sim-to-real gap: {where} return {sim_mean:.3f} - real return {real_mean:.3f} "
         f"= {gap:+.3f} (same policy, seeds {[r.seed for r in real]})"
     )
     return gap

@@ -59,7 +59,7 @@ def test_train_learns_in_the_simulator_and_evaluates_on_real_ranks(scenario):
     )  # fmt: skip
     assert "training ppo on the simulator" in out and "learned in" in out
     assert f"simulator calibration {cal}" in out and "real decisions" in out
-    assert "ppo (learned)" in out and "sim-to-real gap" in out
+    assert "ppo (learned)" in out and "sim-to-real gap: simulator return" in out
     assert (tmp / "out" / "policy.zip").exists()
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("commgym-sim-test")
