@@ -1,4 +1,5 @@
-"""Shared fixtures: persistent 2- and 4-rank gloo pools, GPU marker handling."""
+"""Shared fixtures: persistent 2- and 4-rank gloo pools, one tiny real simulator calibration,
+GPU marker handling."""
 
 from __future__ import annotations
 
@@ -26,6 +27,33 @@ def dist2() -> DistPool:
 def dist4() -> DistPool:
     """Four gloo ranks on CPU."""
     return shared_pool(4)
+
+
+#: The action menu of :func:`tiny_calibration`: two compressions, one bucket, two periods.
+TINY_MENU = {"compression": ["none", "fp16"], "bucket_mb": [25.0], "sync_period": [1, 2]}
+
+
+@pytest.fixture(scope="session")
+def tiny_calibration(tmp_path_factory):
+    """A tiny real calibration of ``commgym/Sim-v1``: ``(env_config, path, calibration)``.
+
+    2 gloo ranks of ``mlp-digits``, :data:`TINY_MENU`, 2 iterations a decision, target 1.0;
+    one calibration seed, one random-switch episode, loopback only. Measured once per
+    session for the simulator's tests (tests/env/test_sim_calibration.py) and
+    ``commgym train --env sim`` (tests/experiments/test_train_sim.py).
+    """
+    from commgym.env import EnvConfig
+    from commgym.experiments.calibrate_sim import calibrate_sim
+
+    cfg = EnvConfig(
+        workload="mlp-digits", world_size=2, steps_per_decision=2, time_budget_s=20.0,
+        reward="time_to_target", target_loss=1.0, action_menu=TINY_MENU,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("sim") / "cal.json"
+    cal = calibrate_sim(
+        cfg, path, seeds=(900_001,), budget_s=10.0, switch_episodes=1, rates=[], repeats=1
+    )
+    return cfg, path, cal
 
 
 @pytest.fixture(params=[2, 4], ids=["w2", "w4"])

@@ -5,24 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from commgym.env import EnvConfig
 from commgym.env.sim import Calibration, SimEnv, simulate
-from commgym.experiments.calibrate_sim import calibrate_sim
-
-MENU = {"compression": ["none", "fp16"], "bucket_mb": [25.0], "sync_period": [1, 2]}
 
 
 @pytest.fixture(scope="module")
-def calibrated(tmp_path_factory):
-    cfg = EnvConfig(
-        workload="mlp-digits", world_size=2, steps_per_decision=2, time_budget_s=20.0,
-        reward="time_to_target", target_loss=1.0, action_menu=MENU,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("sim") / "cal.json"
-    cal = calibrate_sim(
-        cfg, path, seeds=(900_001,), budget_s=10.0, switch_episodes=1, rates=[], repeats=1
-    )
-    return cfg, path, cal
+def calibrated(tiny_calibration):
+    """The session's tiny real calibration (tests/conftest.py)."""
+    return tiny_calibration
 
 
 def test_calibration_measures_every_part_and_round_trips(calibrated):

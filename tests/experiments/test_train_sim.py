@@ -1,7 +1,7 @@
 """`commgym train --env sim`: learning in commgym/Sim-v1, evaluation on real ranks.
 
-A tiny real calibration (one seed, 2 gloo ranks, a 4-entry menu, as
-tests/env/test_sim_calibration.py) feeds a PPO run of the smoke size through the CLI.
+The session's tiny real calibration (tests/conftest.py: one seed, 2 gloo ranks, a 4-entry
+menu) feeds a PPO run of the smoke size through the CLI.
 """
 
 from __future__ import annotations
@@ -10,11 +10,9 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from commgym.env import EnvConfig
-from commgym.experiments.calibrate_sim import calibrate_sim
+from tests.conftest import TINY_MENU as MENU
 from tests.experiments.cli_helpers import cli, cli_ok
 
-MENU = {"compression": ["none", "fp16"], "bucket_mb": [25.0], "sync_period": [1, 2]}
 ENV = {
     "workload": "mlp-digits",
     "world_size": 2,
@@ -38,15 +36,11 @@ SCENARIO = {
 
 
 @pytest.fixture(scope="module")
-def scenario(tmp_path_factory):
+def scenario(tmp_path_factory, tiny_calibration):
+    """The smoke-sized scenario file and the session's tiny calibration (tests/conftest.py)."""
     tmp = tmp_path_factory.mktemp("sim-train")
-    cal = tmp / "cal.json"
-    calibrate_sim(
-        EnvConfig(**{**ENV, "time_budget_s": 20.0}), cal, seeds=(900_001,), budget_s=10.0,
-        switch_episodes=0, rates=[], repeats=1,
-    )  # fmt: skip
     (tmp / "sim.yaml").write_text(yaml.safe_dump(SCENARIO))
-    return tmp, cal
+    return tmp, tiny_calibration[1]
 
 
 def test_train_learns_in_the_simulator_and_evaluates_on_real_ranks(scenario):
