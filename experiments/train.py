@@ -267,7 +267,8 @@ def check_calibration(cfg: RunConfig) -> None:
     Raises:
         FileNotFoundError: ``cfg.calibration`` is given and does not exist.
         ValueError: the file is not a calibration, or one of another workload setting,
-            menu or target (:meth:`~commgym.env.sim.Calibration.check`).
+            menu or target (:meth:`~commgym.env.sim.Calibration.check`); no file and no
+            target loss to calibrate down to.
     """
     if cfg.env_kind != "sim":
         return
@@ -278,6 +279,12 @@ def check_calibration(cfg: RunConfig) -> None:
                 f"calibration {cfg.calibration!r} not found: make one with `commgym "
                 "calibrate-sim --config SCENARIO --out PATH`, or leave calibration unset to "
                 "calibrate first"
+            )
+        if cfg.env_config.target_loss is None:
+            raise ValueError(
+                "--env sim calibrates the simulator down to the scenario's target loss, and "
+                "this scenario has none: set env.target_loss (--target-loss) or give "
+                "--calibration PATH"
             )
         return  # calibrated by learn_agent
     from commgym.env.sim import Calibration

@@ -89,7 +89,14 @@ CASES = {
         ["train", "--config", "smoke", "--time-budget-s", "-1"],
         ("time_budget_s", "--time-budget-s"),
     ),
-    "bad value: --env": (["train", "--config", "smoke", "--env", "sim"], ("env_kind", "--env")),
+    "bad value: --env": (
+        ["train", "--config", "smoke", "--env", "simulator"],
+        ("env_kind", "--env"),
+    ),
+    "--env sim without a target to calibrate to": (
+        ["train", "--config", "smoke", "--env", "sim"],
+        ("--target-loss", "--calibration PATH"),
+    ),
     "fine-tuning an agent that has none": (
         ["train", "--config", "slow-link", "--agent", "bayesopt", "--fine-tune-episodes", "2"],
         ("--fine-tune-episodes 0",),
