@@ -151,12 +151,29 @@ class SB3Agent(Agent):
             history of the last intervals); ``predict`` keeps the same stack in its
             ``state``, so callers thread ``state`` and ``episode_start`` as for a
             recurrent policy.
+        normalize: observation (and reward) normalisation while learning, RL Zoo's
+            ``normalize`` hyperparameter: ``True`` or a dict of SB3's ``VecNormalize``
+            keyword arguments (``norm_obs``, ``norm_reward``, ``clip_obs``,
+            ``clip_reward``, ``epsilon``; ``gamma`` is the algorithm's). The observation
+            fields span seven decades (a step time in ms, an effective bandwidth in
+            Gbit/s, a loss in nats), which an unnormalised MLP policy learns poorly. The
+            running mean and variance (of the stacked observation) are saved in the policy
+            file as JSON and applied by ``predict``; they are frozen while fine-tuning on
+            another env (what the policy learned is relative to them).
+        probe: whether the policy reads the probe all-reduce's bandwidth
+            (``log10_probe_gbps``). ``False``: every episode it learns or acts in runs
+            without the probe (``reset(options={"probe": False})``, :attr:`reads_probe`),
+            so its time is not charged for an observation it does not make; the link is
+            then seen only through the timing of the entry the policy itself played
+            (``step_time_s``, ``comm_wait_frac``, ``bandwidth_gbps`` with the entry's
+            indices), which on a shaped link separates the rates for every entry.
         **hyperparams: keyword arguments of the SB3 algorithm (``policy`` defaults to
             ``"MlpPolicy"``, ``device`` to ``"cpu"``); they override :attr:`defaults`.
 
     Raises:
         TypeError: unknown SB3 keyword arguments (from SB3).
-        ValueError: ``history`` is not an integer >= 1.
+        ValueError: ``history`` is not an integer >= 1; ``normalize`` is not a bool or a dict
+            of ``VecNormalize`` keyword arguments.
     """
 
     learned = True
@@ -180,6 +197,16 @@ class SB3Agent(Agent):
         kwargs = dict(merged)
         policy = kwargs.pop("policy")
         self.history = _check_history(kwargs.pop("history", 1))
+        self.normalize = _check_normalize(kwargs.pop("normalize", False))
+        self.reads_probe = _check_probe(kwargs.pop("probe", True))
+        self._gamma = float(kwargs.get("gamma", 0.99))
+        self._norm: Any = None
+        if vec_env is not None and not self.reads_probe:
+            # the env actors reset with SB3's VecEnv options, which a step's auto-reset drops
+            raise ValueError(
+                "probe=False learns on envs this process wraps; it cannot be used with a "
+                "vec_env of env actors (learn in the simulator, or keep probe=True)"
+            )
         algo_env = self._learning_env(env) if vec_env is None else self._stacked(vec_env)
         self.model = self.algo(policy, algo_env, seed=seed, **kwargs)
         _quiet_logger(self.model)
@@ -191,24 +218,47 @@ class SB3Agent(Agent):
         return {k: _plain(v) for k, v in self._hyperparams.items()}
 
     def _algo_env(self, env: gym.Env) -> gym.Env:
-        """The env as the SB3 algorithm sees it."""
-        return env
+        """The env as the SB3 algorithm sees it (probe-free episodes unless it reads it)."""
+        return env if self.reads_probe else _ProbeOff(env)
 
-    def _stacked(self, venv: Any) -> Any:
-        """``venv`` with the last :attr:`history` observations stacked (as it is for 1)."""
-        if self.history == 1:
+    def _stacked(self, venv: Any, frozen: bool = False) -> Any:
+        """``venv`` with the last :attr:`history` observations stacked, then normalised.
+
+        Both as configured (``history`` 1 and no ``normalize``: ``venv`` itself). A new
+        normaliser starts from the agent's statistics; unless ``frozen`` (fine-tuning on
+        another env keeps them) it becomes the agent's (:attr:`_norm`, which ``predict``
+        applies).
+        """
+        if self.history > 1:
+            from stable_baselines3.common.vec_env import VecFrameStack
+
+            venv = VecFrameStack(venv, self.history)
+        if self.normalize is None:
             return venv
-        from stable_baselines3.common.vec_env import VecFrameStack
+        from stable_baselines3.common.vec_env import VecNormalize
 
-        return VecFrameStack(venv, self.history)
+        norm = VecNormalize(venv, gamma=self._gamma, **self.normalize)
+        if self._norm is not None:
+            norm.obs_rms, norm.ret_rms = copy.deepcopy((self._norm.obs_rms, self._norm.ret_rms))
+        if frozen:
+            norm.training = False
+        else:  # the normaliser the algorithm learns with is the one predict applies
+            self._norm = norm
+        return norm
 
-    def _learning_env(self, env: gym.Env) -> Any:
-        """What the algorithm learns on: the env, or a ``VecFrameStack`` of it."""
-        if self.history == 1:
+    def _learning_env(self, env: gym.Env, frozen: bool = False) -> Any:
+        """What the algorithm learns on: the env, or a stacked / normalised ``VecEnv`` of it."""
+        if self.history == 1 and self.normalize is None:
             return self._algo_env(env)
         from stable_baselines3.common.vec_env import DummyVecEnv
 
-        return self._stacked(DummyVecEnv([lambda: self._algo_env(env)]))
+        return self._stacked(DummyVecEnv([lambda: self._algo_env(env)]), frozen)
+
+    def _normalized(self, obs: np.ndarray) -> np.ndarray:
+        """``obs`` (stacked) scaled by the learned running statistics, as VecNormalize does."""
+        if self._norm is None or not self._norm.norm_obs:
+            return obs
+        return self._norm.normalize_obs(obs)
 
     def _to_multi(self, action: np.ndarray) -> np.ndarray:
         """SB3 action -> int64 menu indices ``(3,)`` or ``(n, 3)``."""
@@ -227,6 +277,7 @@ class SB3Agent(Agent):
             stack, state = state if state is not None else (None, None)
             stack = _push(stack, obs.reshape(-1, obs.shape[-1]), self.history, episode_start)
             obs = stack if batch else stack[0]
+        obs = self._normalized(obs)
         if deterministic:
             action, state = self.model.predict(obs, state, episode_start, True)
         else:
@@ -355,7 +406,7 @@ class SB3Agent(Agent):
         from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 
         model = self.model
-        model.set_env(self._learning_env(env))
+        model.set_env(self._learning_env(env, frozen=True))
         saved = None
         if isinstance(model, OnPolicyAlgorithm):
             saved = (model.n_steps, model.rollout_buffer)
@@ -391,7 +442,10 @@ class SB3Agent(Agent):
         path = zip_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.model.save(path)
-        meta = self._policy_json({"num_timesteps": int(self.model.num_timesteps)})
+        state: dict[str, Any] = {"num_timesteps": int(self.model.num_timesteps)}
+        if self._norm is not None:
+            state["normalization"] = _rms_json(self._norm)
+        meta = self._policy_json(state)
         with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as zf:
             zf.writestr(POLICY_JSON, json.dumps(meta, indent=1, allow_nan=False))
         return path
@@ -407,7 +461,25 @@ class SB3Agent(Agent):
         agent_env = cls._check_file(meta, path, env)
         agent = cls.__new__(cls)
         Agent.__init__(agent, agent_env, seed=meta.get("seed"), **meta.get("hyperparams", {}))
-        agent.history = _check_history(meta.get("hyperparams", {}).get("history", 1))
+        hp = meta.get("hyperparams", {})
+        agent.history = _check_history(hp.get("history", 1))
+        agent.normalize = _check_normalize(hp.get("normalize", False))
+        agent.reads_probe = _check_probe(hp.get("probe", True))
+        agent._gamma = float(hp.get("gamma", 0.99))
+        agent._norm = None
+        saved_norm = meta.get("state", {}).get("normalization")
+        if agent.normalize is not None:
+            if saved_norm is None:
+                raise ValueError(f"{path} was learned with normalize but holds no statistics")
+            from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+            shape = (agent.history * int(np.prod(agent_env.observation_space.shape)),)
+            space = gym.spaces.Box(-np.inf, np.inf, shape, np.float32)
+            # the statistics' holder when no env is given (predict-only, e.g. replay)
+            agent._norm = VecNormalize(
+                DummyVecEnv([lambda: _SpaceOnly(space)]), training=False, **agent.normalize
+            )
+            _set_rms(agent._norm, saved_norm)
         algo_env = agent._learning_env(env) if env is not None else None
         agent.model = cls.algo.load(path, env=algo_env, device="cpu")
         _quiet_logger(agent.model)
@@ -418,6 +490,75 @@ class SB3Agent(Agent):
 
 def _check_history(history: Any) -> int:
     return check_int("history", history, 1, note=" (observations stacked)")
+
+
+#: VecNormalize keyword arguments a policy may set (``gamma`` is the algorithm's).
+_NORMALIZE_KEYS = ("norm_obs", "norm_reward", "clip_obs", "clip_reward", "epsilon")
+
+
+def _check_normalize(normalize: Any) -> dict[str, Any] | None:
+    """``normalize`` as VecNormalize keyword arguments (``None``: off)."""
+    if normalize is False or normalize is None:
+        return None
+    if normalize is True:
+        return {}
+    if isinstance(normalize, dict):
+        bad = sorted(set(normalize) - set(_NORMALIZE_KEYS))
+        if bad:
+            raise ValueError(
+                f"normalize has unknown keys {bad}; valid: {', '.join(_NORMALIZE_KEYS)}"
+            )
+        return dict(normalize)
+    raise ValueError(
+        f"normalize must be true, false or a dict of VecNormalize arguments, got {normalize!r}"
+    )
+
+
+def _check_probe(probe: Any) -> bool:
+    if not isinstance(probe, bool):
+        raise ValueError(f"probe must be true or false, got {probe!r}")
+    return probe
+
+
+class _ProbeOff(gym.Wrapper):
+    """Every reset runs its episode without the probe (SB3 resets without options)."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        return self.env.reset(seed=seed, options={**(options or {}), "probe": False})
+
+
+def _rms_json(norm: Any) -> dict[str, Any]:
+    """A VecNormalize's running statistics as plain JSON values."""
+    return {
+        "obs_mean": norm.obs_rms.mean.tolist(),
+        "obs_var": norm.obs_rms.var.tolist(),
+        "obs_count": float(norm.obs_rms.count),
+        "ret_var": float(np.asarray(norm.ret_rms.var).reshape(-1)[0]),
+        "ret_count": float(norm.ret_rms.count),
+    }
+
+
+def _set_rms(norm: Any, saved: dict[str, Any]) -> None:
+    """Inverse of :func:`_rms_json` on ``norm``."""
+    norm.obs_rms.mean = np.asarray(saved["obs_mean"], dtype=np.float64)
+    norm.obs_rms.var = np.asarray(saved["obs_var"], dtype=np.float64)
+    norm.obs_rms.count = float(saved["obs_count"])
+    norm.ret_rms.var = np.asarray(saved["ret_var"], dtype=np.float64)
+    norm.ret_rms.count = float(saved["ret_count"])
+
+
+class _SpaceOnly(gym.Env):
+    """An env that only carries an observation space (a normaliser's holder)."""
+
+    def __init__(self, space: gym.spaces.Box) -> None:
+        self.observation_space = space
+        self.action_space = gym.spaces.Discrete(1)
+
+    def reset(self, *, seed: int | None = None, options: Any = None):
+        return np.zeros(self.observation_space.shape, np.float32), {}
+
+    def step(self, action: Any):
+        raise RuntimeError("a statistics holder does not step")
 
 
 def _push(stack: np.ndarray | None, obs: np.ndarray, history: int, starts: Any) -> np.ndarray:
@@ -480,7 +621,7 @@ class DQNAgent(SB3Agent):
     }  # fmt: skip
 
     def _algo_env(self, env: gym.Env) -> gym.Env:
-        return FlattenAction(env)
+        return FlattenAction(super()._algo_env(env))
 
     def _to_multi(self, action: np.ndarray) -> np.ndarray:
         a = np.asarray(action, dtype=np.int64)

@@ -20,6 +20,7 @@ One progress bar over the whole calibration shows the time left.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import subprocess
 import time
@@ -31,7 +32,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["CALIBRATION_SEEDS", "calibrate_sim", "default_calibration_path"]
+__all__ = [
+    "CALIBRATION_SEEDS",
+    "calibrate_sim",
+    "calibration_path",
+    "default_calibration_path",
+    "fidelity_lines",
+    "gates_path",
+]
 
 #: ``env.reset`` seeds of the calibration's static episodes (never evaluation seeds).
 CALIBRATION_SEEDS: tuple[int, ...] = (900_001, 900_002)
@@ -54,6 +62,42 @@ def default_calibration_path(env_cfg: Any, root: str | os.PathLike[str] = ".") -
         f"-lr{k['lr']:g}-b{k['batch_size']}-K{k['steps_per_decision']}".replace(":", "_")
     )
     return Path(root) / "sim-calibration" / f"{name}.json"
+
+
+def calibration_path(explicit: str | os.PathLike[str] | None, env_cfg: Any) -> Path:
+    """The calibration a command uses: ``explicit`` (``--calibration``), else the default."""
+    return Path(explicit) if explicit else default_calibration_path(env_cfg)
+
+
+def gates_path(calibration: str | os.PathLike[str]) -> Path:
+    """Where ``commgym bench sim`` keeps a calibration's fidelity gates: beside it.
+
+    ``<calibration stem>.gates.json``, one entry per scenario, so whoever learns on the
+    calibration (``train --env sim``) can say how faithful it was found to be.
+    """
+    p = Path(calibration)
+    return p.with_name(f"{p.stem}.gates.json")
+
+
+def fidelity_lines(calibration: str | os.PathLike[str]) -> list[str]:
+    """One line per scenario whose gates ``bench sim`` recorded for ``calibration``.
+
+    Returns a single line naming the command when none were recorded.
+    """
+    path = gates_path(calibration)
+    if not path.is_file():
+        return [
+            f"simulator fidelity: no gates recorded for {calibration} (`commgym bench sim "
+            f"--scenario SCENARIO --calibration {calibration}` measures them)"
+        ]
+    lines = []
+    for scenario, r in json.loads(path.read_text()).items():
+        verdicts = ", ".join(
+            f"{gate} {figure} {'PASS' if ok else ('n/a' if ok is None else 'FAIL')}"
+            for gate, _, figure, _, ok in r["rows"]
+        )
+        lines.append(f"simulator fidelity on {scenario} (bench sim, {r['date']}): {verdicts}")
+    return lines
 
 
 class _ResetInfo(gym.Wrapper):

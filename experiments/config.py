@@ -483,6 +483,62 @@ def _check_keys(data: dict[str, Any], valid: list[str], where: str) -> None:
         raise ValueError(f"unknown {where} keys: {', '.join(hints)}; valid keys: {sorted(valid)}")
 
 
+def _config_file(path: str | Path) -> Path:
+    p = Path(path)
+    if not p.exists() and (CONFIG_DIR / f"{path}.yaml").exists():
+        p = CONFIG_DIR / f"{path}.yaml"
+    if not p.exists():
+        raise FileNotFoundError(
+            f"config file {str(path)!r} not found; shipped scenarios: {shipped_configs()}"
+        )
+    return p
+
+
+def _read_config(
+    path: str | Path, run_fields: list[str], env_fields: list[str], chain: tuple[Path, ...]
+) -> dict[str, Any]:
+    """One config file's keys, on top of the file it ``extends`` (checked, agent-keyed).
+
+    ``extends: NAME`` (a shipped scenario or a path, relative to the extending file's
+    folder when it is one) reads that file first; this file's keys replace its keys, except
+    ``env``, whose fields are replaced one by one, and ``agent_kwargs``, merged per agent.
+    A variant of a scenario (another agent, another learning recipe) so names the scenario
+    once instead of copying its ``env`` block, which would drift from it.
+    """
+    p = _config_file(path)
+    if p.resolve() in chain:
+        names = " -> ".join(str(c) for c in (*chain, p.resolve()))
+        raise ValueError(f"config files extend each other in a cycle: {names}")
+    loaded = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"config file {p} must hold a mapping, got {type(loaded).__name__}")
+    data = copy.deepcopy(loaded)
+    base_name = data.pop("extends", None)
+    _check_keys(data, run_fields, f"config ({path})")
+    _check_keys(data.get("env") or {}, env_fields, f"config env ({path})")
+    # a scenario's agent settings are its own agent's: keyed before --agent replaces it
+    own_agent = data.get("agent", RunConfig.agent)
+    if "agent_kwargs" in data:
+        data["agent_kwargs"] = keyed_agent_kwargs(data["agent_kwargs"] or {}, own_agent)
+    if base_name is None:
+        return data
+    if not isinstance(base_name, str) or not base_name:
+        raise ValueError(f"extends in {p} must name a config file or scenario, got {base_name!r}")
+    near = p.parent / base_name
+    base = _read_config(
+        near if near.suffix in (".yaml", ".yml") and near.exists() else base_name,
+        run_fields, env_fields, (*chain, p.resolve()),
+    )  # fmt: skip
+    merged = {**base, **{k: v for k, v in data.items() if k not in ("env", "agent_kwargs")}}
+    merged["env"] = {**(base.get("env") or {}), **(data.get("env") or {})}
+    kwargs = dict(base.get("agent_kwargs") or {})
+    for name, hp in (data.get("agent_kwargs") or {}).items():
+        kwargs[name] = {**kwargs.get(name, {}), **hp}
+    if kwargs:
+        merged["agent_kwargs"] = kwargs
+    return merged
+
+
 def load_run_config(
     path: str | Path | None = None, overrides: dict[str, Any] | None = None
 ) -> RunConfig:
@@ -490,7 +546,8 @@ def load_run_config(
 
     Args:
         path: YAML file (or a name in ``CONFIG_DIR`` without ``.yaml``, e.g. ``"smoke"``);
-            ``None`` for defaults only.
+            ``None`` for defaults only. A file may start from another with ``extends:
+            NAME`` (:func:`_read_config`).
         overrides: values from the command line; ``None`` values are ignored. Keys are
             ``RunConfig`` fields, or ``env.<EnvConfig field>`` for environment settings.
 
@@ -499,7 +556,8 @@ def load_run_config(
 
     Raises:
         FileNotFoundError: the YAML file does not exist.
-        ValueError: unknown keys (with close-match suggestions) or invalid values.
+        ValueError: unknown keys (with close-match suggestions) or invalid values; files
+            that extend each other in a cycle.
     """
     from commgym.env.config import EnvConfig
 
@@ -507,25 +565,9 @@ def load_run_config(
     env_fields = [f.name for f in fields(EnvConfig) if f.init]
     data: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        if not p.exists() and (CONFIG_DIR / f"{path}.yaml").exists():
-            p = CONFIG_DIR / f"{path}.yaml"
-        if not p.exists():
-            raise FileNotFoundError(
-                f"config file {str(path)!r} not found; shipped scenarios: {shipped_configs()}"
-            )
-        loaded = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"config file {p} must hold a mapping, got {type(loaded).__name__}")
-        data = copy.deepcopy(loaded)
-    _check_keys(data, run_fields, f"config ({path})")
-    _check_keys(data.get("env") or {}, env_fields, f"config env ({path})")
+        data = _read_config(path, run_fields, env_fields, ())
     data.setdefault("env", {})
     data["env"] = dict(data["env"] or {})
-    # a scenario's agent settings are its own agent's: keyed before --agent replaces it
-    own_agent = data.get("agent", RunConfig.agent)
-    if "agent_kwargs" in data:
-        data["agent_kwargs"] = keyed_agent_kwargs(data["agent_kwargs"] or {}, own_agent)
     for key, value in (overrides or {}).items():
         if value is None:
             continue

@@ -488,7 +488,9 @@ def sim_to_real_gap(
     """Return on the surrogate (or simulator) minus return on real ranks, same policy and seeds.
 
     Logs (under the surrogate's names for both) ``<prefix>sim2real/surrogate_return``,
-    ``<prefix>sim2real/real_return`` and ``<prefix>sim2real/gap``.
+    ``<prefix>sim2real/real_return`` and ``<prefix>sim2real/gap``. In the simulator it
+    also prints and logs (``sim_fidelity.txt``) the fidelity gates ``commgym bench sim``
+    kept beside the calibration, or that none were measured.
     """
     target = cfg.env_config.target_loss
     sim = [rollout(surrogate, agent, r.seed, target_loss=target).episode_return for r in real]
@@ -508,6 +510,15 @@ def sim_to_real_gap(
         f"sim-to-real gap: {where} return {sim_mean:.3f} - real return {real_mean:.3f} "
         f"= {gap:+.3f} (same policy, seeds {[r.seed for r in real]})"
     )
+    if cfg.env_kind == "sim":
+        from commgym.experiments.calibrate_sim import calibration_path, fidelity_lines
+
+        # the gap says how this policy transferred; the gates how the simulator ranks
+        # every entry and reproduces the headroom (bench sim, kept beside the calibration)
+        lines = fidelity_lines(calibration_path(cfg.calibration, cfg.env_config))
+        for line in lines:
+            console.print(line)
+        run.log_text("\n".join(lines), f"{prefix.replace('/', '_')}sim_fidelity.txt")
     return gap
 
 

@@ -6,11 +6,14 @@ imports this module (after both exist).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from commgym.experiments.bench.commands import bench_app
 from commgym.experiments.cli_options import RegistryHelpCommand, comma_list, fail, own_options
 from commgym.experiments.config import CliField
+from commgym.experiments.records import record_option
 
 __all__ = ["register"]
 
@@ -44,13 +47,8 @@ GATES_OPTIONS = {
 }
 
 
-def _calibration_path(path: str | None, env_cfg: object) -> str:
-    from commgym.experiments.calibrate_sim import default_calibration_path
-
-    return path or str(default_calibration_path(env_cfg))
-
-
 @bench_app.command("sim", cls=RegistryHelpCommand)
+@record_option()
 @own_options(GATES_OPTIONS)
 def bench_sim_cmd(
     scenario: str = "flaky-link",
@@ -63,12 +61,13 @@ def bench_sim_cmd(
 ) -> None:
     """Fidelity gates of commgym/Sim-v1 against real ranks (ranking, headroom, step time)."""
     from commgym.experiments.bench.sim import run_sim_gates
+    from commgym.experiments.calibrate_sim import calibration_path
     from commgym.experiments.config import load_run_config
 
     try:
         env_cfg = load_run_config(scenario).env_config
         run_sim_gates(
-            scenario, _calibration_path(calibration, env_cfg), seeds=comma_list(seeds, int),
+            scenario, str(calibration_path(calibration, env_cfg)), seeds=comma_list(seeds, int),
             real=real, holdout_rate=holdout_rate, run_real=run_real, json_path=json_path,
         )  # fmt: skip
     except (ValueError, FileNotFoundError, RuntimeError) as err:
@@ -79,6 +78,8 @@ def register(app: typer.Typer) -> None:
     """Add ``calibrate-sim`` to ``app`` (``bench sim`` is on the bench group already)."""
 
     @app.command("calibrate-sim", cls=RegistryHelpCommand)
+    # the record keeps the calibration it wrote (its folder's new files)
+    @record_option(lambda kw: [Path(kw["out"]).parent if kw.get("out") else "sim-calibration"])
     @own_options(CALIBRATE_OPTIONS)
     def calibrate_sim_cmd(
         config: str = "flaky-link",
@@ -91,13 +92,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure the simulator's parts on real ranks (one calibration per workload setting)."""
         from commgym.env.net import NetworkSpec
-        from commgym.experiments.calibrate_sim import calibrate_sim
+        from commgym.experiments.calibrate_sim import calibrate_sim, calibration_path
         from commgym.experiments.config import load_run_config
         from commgym.experiments.progress import console, phase
 
         try:
             env_cfg = load_run_config(config).env_config
-            path = _calibration_path(out, env_cfg)
+            path = str(calibration_path(out, env_cfg))
             cal = calibrate_sim(
                 env_cfg, path, seeds=comma_list(seeds, int), target_loss=target_loss,
                 budget_s=budget_s, switch_episodes=switch_episodes,

@@ -124,7 +124,8 @@ def learn_agent(
         cfg: the resolved run configuration.
         env: the real env (ranks started).
         parent: the MLflow run that receives the learning curve, CSV and policy.
-        out: output folder (``policy.zip``, ``learning-decisions.csv``, surrogate files).
+        out: output folder (``policy.zip``, ``learning-decisions.csv`` on real ranks or
+            ``learning-episodes.csv`` on the surrogate / simulator, surrogate files).
         prefix: prepended to the parameter and metric names logged to ``parent`` (a
             leaderboard trains one agent per scenario into one parent run).
         executor: where every real decision runs
@@ -177,7 +178,9 @@ def learn_agent(
         twin = gym.make("commgym/Sim-v1", calibration=surrogate.unwrapped.calibration,
                         config=cfg.env_config)  # fmt: skip
         learn_on = RandomizedConditions(twin, **cfg.sim_randomize)
-    learn_env = TrackingWrapper(learn_on, parent, prefix, log_decisions=False)
+    # a simulator's (or surrogate's) hundreds of thousands of decisions: a row per episode
+    rows = "episodes" if surrogate is not None else "decisions"
+    learn_env = TrackingWrapper(learn_on, parent, prefix, log_decisions=False, rows=rows)
     try:
         extra = {} if vec_env is None else {"vec_env": vec_env}
         agent = build_agent(cfg.agent, learn_env, cfg, {**cfg.agent_hyperparams, **extra})
@@ -216,8 +219,9 @@ def learn_agent(
         # a learner that runs its own episodes says how many real decisions they took
         spent = agent.preparation.decisions or cfg.timesteps
         cost.add("learn_s", learn_s, 0 if surrogate is not None else spent)
-    learn_env.write_csv(out / "learning-decisions.csv")
-    parent.log_artifact(out / "learning-decisions.csv")
+    curve = out / f"learning-{rows}.csv"
+    learn_env.write_csv(curve)
+    parent.log_artifact(curve)
     parent.log_metrics({f"{prefix}train/learn_s": learn_s}, step=cfg.timesteps)
     console.print(f"learned in {learn_s:.1f} s on {where}")
     if surrogate is not None and cfg.fine_tune_episodes:
@@ -250,17 +254,6 @@ def learn_agent(
     return agent, cost, surrogate
 
 
-def calibration_path(cfg: RunConfig) -> Path:
-    """The simulator's calibration file of ``cfg``.
-
-    ``cfg.calibration``, else the default ``sim-calibration/<workload setting>.json``
-    under the current folder.
-    """
-    from commgym.experiments.calibrate_sim import default_calibration_path
-
-    return Path(cfg.calibration or default_calibration_path(cfg.env_config))
-
-
 def check_calibration(cfg: RunConfig) -> None:
     """Refuse, before any rank starts, a simulator calibration that cannot serve ``cfg``.
 
@@ -272,7 +265,9 @@ def check_calibration(cfg: RunConfig) -> None:
     """
     if cfg.env_kind != "sim":
         return
-    path = calibration_path(cfg)
+    from commgym.experiments.calibrate_sim import calibration_path
+
+    path = calibration_path(cfg.calibration, cfg.env_config)
     if not path.is_file():
         if cfg.calibration:
             raise FileNotFoundError(
@@ -299,11 +294,10 @@ def _make_sim_env(cfg: RunConfig, run: Any, cost: TrainingCost) -> gym.Env:
     """
     import commgym.env  # noqa: F401 - registers the env
     from commgym.env.sim import Calibration
+    from commgym.experiments.calibrate_sim import calibrate_sim, calibration_path
 
-    path = calibration_path(cfg)
+    path = calibration_path(cfg.calibration, cfg.env_config)
     if not path.is_file():
-        from commgym.experiments.calibrate_sim import calibrate_sim
-
         t0 = time.perf_counter()
         # the calibration runs its own unshaped episodes on ranks of its own (the
         # scenario's links enter through the wire fit of the rates its plan can put in force)

@@ -108,8 +108,10 @@ class WireModel:
         """Wire seconds per uplink byte beyond the burst at rate ``R`` (see the module docstring).
 
         A recorded rate: its fitted ``eta * 8 / R``. A rate never recorded: ``max(eta_min *
-        8 / R, c_ceil)``, the serialisation time at the least inefficient recorded
-        framing, never below ``c_ceil``, the per-byte cost of the slowest recorded rate at
+        8 / R, c_ceil)``, the serialisation time at the least inefficient recorded framing
+        (``eta_min >= 1``: a token bucket never passes more than ``R``, so recorded links
+        with ``eta < 1``, limited by the host below their rate, are left out; 1 when none
+        is left), never below ``c_ceil``, the per-byte cost of the slowest recorded rate at
         or above ``R`` (a host or veth ceiling: a slower link is never faster than a faster
         one measured on the same host; the fastest recorded rate's cost above all of them).
         """
@@ -118,7 +120,9 @@ class WireModel:
             return self.links[r][kind].eta * 8 / rate_bit_s
         if not self.links:
             return 8 / rate_bit_s
-        eta_min = min(f[kind].eta for f in self.links.values())
+        # a recorded eta below 1 is a link the host (not the shaping) limited: it says
+        # nothing about a slower link's framing
+        eta_min = min([f[kind].eta for f in self.links.values() if f[kind].eta >= 1.0] or [1.0])
         above = [x for x in sorted(self.links) if x >= r] or [max(self.links)]
         ceil = self.links[above[0]][kind].eta * 8 / above[0]
         return max(eta_min * 8 / rate_bit_s, ceil)

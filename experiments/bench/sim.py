@@ -462,6 +462,7 @@ def run_sim_gates(
     }
     result["load"] = list(os.getloadavg())
     _print(result)
+    console.print(f"gates kept beside the calibration: {record_gates(calibration, result)}")
     if track:
         _log(result, tracking_uri, experiment)
     if json_path:
@@ -475,25 +476,28 @@ def _verdict(ok: bool | None) -> str:
     )
 
 
-def _print(r: dict[str, Any]) -> None:
+def gate_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, bool | None]]:
+    """The gates of a :func:`run_sim_gates` result as rows.
+
+    ``(gate, condition, figure, target, pass)`` (``pass`` None: not measured): what the
+    table prints and the record beside the calibration keeps.
+    """
     g = r["gates"]
-    t = Table(title=f"commgym/Sim-v1 fidelity gates: {r['scenario']}, seeds {r['seeds']}")
-    for col in ("gate", "condition", "figure", "target", "verdict"):
-        t.add_column(col)
+    rows: list[tuple[str, str, str, str, bool | None]] = []
     for row in r["ranking"]:
         if row.get("missing"):
-            t.add_row("ranking", row["condition"], "no real runs cached", "", _verdict(None))
+            rows.append(("ranking", row["condition"], "no real runs cached", "", None))
             continue
-        t.add_row(
+        rows.append((
             "ranking",
             f"{row['condition']} (seeds {row['seeds']})",
             f"tau {row['tau']:.2f}; best sim {row['sim_best']} / real {row['real_best']}",
             f"tau >= {g['tau']}, same best",
-            _verdict(row["pass"]),
-        )
+            row["pass"],
+        ))  # fmt: skip
     h = r["headroom"]
     real = h["real"]
-    t.add_row(
+    rows.append((
         "headroom",
         "scenario",
         f"sim h {h['sim_h']:.3f} (T_static {h['sim_T_static']:.2f} s {h['sim_static_entry']}, "
@@ -505,21 +509,52 @@ def _print(r: dict[str, Any]) -> None:
             f"{real['static_entry']}, T_adaptive {real['T_adaptive']:.2f} s)"
         ),
         f"|sim - real| <= {g['h_tol']}",
-        _verdict(h["pass"]),
-    )
+        h["pass"],
+    ))  # fmt: skip
     m = r["mape"]
     per = "; ".join(
         f"{k}: {v['step_time'] * 100:.1f} % (decision {v['decision_time'] * 100:.1f} %, n={v['n']})"
         for k, v in m["per_link"].items()
     )
-    t.add_row(
+    rows.append((
         "step time",
         "held-out decisions",
         f"MAPE {m['step_time'] * 100:.1f} % "
         f"(decision time {m['decision_time'] * 100:.1f} %); {per}",
         f"<= {g['mape'] * 100:.0f} %",
-        _verdict(m["pass"]),
-    )
+        m["pass"],
+    ))  # fmt: skip
+    return rows
+
+
+def record_gates(calibration: str | os.PathLike[str], r: dict[str, Any]) -> Path:
+    """Keep ``r``'s gates beside the calibration, one entry per scenario.
+
+    At :func:`~commgym.experiments.calibrate_sim.gates_path`; replaced atomically (a crash
+    keeps the old file).
+    """
+    from commgym.experiments.calibrate_sim import gates_path
+
+    path = gates_path(calibration)
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    kept[str(r["scenario"])] = {
+        "date": time.strftime("%Y-%m-%d %H:%M", time.localtime()),
+        "seeds": list(r["seeds"]),
+        "rows": gate_rows(r),
+        "load": r.get("load"),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(kept, indent=1, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def _print(r: dict[str, Any]) -> None:
+    t = Table(title=f"commgym/Sim-v1 fidelity gates: {r['scenario']}, seeds {r['seeds']}")
+    for col in ("gate", "condition", "figure", "target", "verdict"):
+        t.add_column(col)
+    for gate, condition, figure, target, ok in gate_rows(r):
+        t.add_row(gate, condition, figure, target, _verdict(ok))
     console.print(t)
     for row in r["ranking"]:
         if row.get("missing"):

@@ -68,3 +68,50 @@ def test_randomized_conditions_vary_the_trace_and_keep_its_rates(env):
     assert wrapped.schedule == traces[0]  # seeded: reproducible
     with pytest.raises(ValueError, match="varies a link schedule"):
         RandomizedConditions(SimEnv(_calibration(), _env_cfg(network="10mbit")))
+
+
+def test_normalize_learns_on_scaled_observations_and_keeps_the_scale_in_the_file(env, tmp_path):
+    agent = make_agent("ppo", env, seed=0, history=2, normalize=True, n_steps=32, batch_size=32)
+    agent.learn(64)
+    norm = agent._norm
+    assert norm is not None and norm.obs_rms.count > 64  # updated while learning
+    # predict scales the stacked observation by the learned statistics, as VecNormalize does
+    obs, _ = env.reset(seed=3)
+    stack = _push(None, obs[None], 2, np.array([True]))
+    expected = np.clip(
+        (stack - norm.obs_rms.mean) / np.sqrt(norm.obs_rms.var + norm.epsilon),
+        -norm.clip_obs, norm.clip_obs,
+    )  # fmt: skip
+    np.testing.assert_allclose(agent._normalized(stack), expected, rtol=1e-6)
+    first = rollout(env, agent, 11, target_loss=0.2)
+    # saved as JSON (no pickle) and applied by the loaded policy, with or without an env
+    path = agent.save(tmp_path / "ppo")
+    for loaded in (load_agent(path, env=env), load_agent(path)):
+        np.testing.assert_allclose(loaded._norm.obs_rms.mean, norm.obs_rms.mean)
+        np.testing.assert_allclose(loaded._norm.obs_rms.var, norm.obs_rms.var)
+    again = rollout(env, load_agent(path, env=env), 11, target_loss=0.2)
+    assert [s.config for s in again.steps] == [s.config for s in first.steps]
+    # fine-tuning on another env keeps the statistics the policy learned against
+    before = norm.obs_rms.mean.copy()
+    agent.fine_tune(SimEnv(_calibration(), _env_cfg(network=FLAKY, probe_bytes=65536)), 1,
+                    rollout_steps=8)  # fmt: skip
+    np.testing.assert_array_equal(agent._norm.obs_rms.mean, before)
+    with pytest.raises(ValueError, match="normalize has unknown keys"):
+        make_agent("ppo", env, normalize={"scale": 2})
+    with pytest.raises(ValueError, match="normalize must be true, false or a dict"):
+        make_agent("ppo", env, normalize="yes")
+
+
+def test_a_policy_that_does_not_read_the_probe_learns_and_acts_without_it(env, tmp_path):
+    learn_on = SimEnv(_calibration(), _env_cfg(network=FLAKY, probe_bytes=65536))
+    agent = make_agent("ppo", learn_on, seed=0, probe=False, n_steps=16, batch_size=16)
+    assert not agent.reads_probe and agent.hyperparams["probe"] is False
+    seen = []
+    agent.learn(40, callback=lambda s: seen.append(s["info"]["measured"]["probe_s"]))
+    assert len(seen) >= 40 and set(seen) == {0.0}  # auto-resets included
+    ep = rollout(env, agent, 11, target_loss=0.2)  # the rollout resets probe-free too
+    assert all(s.measured.probe_bytes == 0 for s in ep.steps)
+    loaded = load_agent(agent.save(tmp_path / "ppo"), env=env)
+    assert not loaded.reads_probe
+    with pytest.raises(ValueError, match="probe must be true or false"):
+        make_agent("ppo", env, probe="no")

@@ -143,6 +143,15 @@ def test_an_unrecorded_rate_is_serialisation_bounded_by_a_faster_links_ceiling()
     # 5 Gbit/s: the 10 Gbit/s link's measured cost per byte is the floor
     assert wire.per_byte_s("allreduce", 5 * 10**9) == pytest.approx(20.0 * 8 / 10**10)
     assert not wire.recorded(10**8) and wire.recorded(10**7) and wire.recorded(None)
+    # a fast link the host never saturated (eta << 1 beyond its burst) says nothing about a
+    # slower link's framing: the token bucket still holds 100 Mbit/s to 8 / R per byte
+    idle = WireModel(
+        W,
+        links=dict.fromkeys(
+            [10**10], dict.fromkeys(("allreduce", "allgather"), LinkFit(3e-3, 1e-3))
+        ),
+    )
+    assert idle.per_byte_s("allreduce", 10**8) == pytest.approx(8 / 10**8)
     assert ring_uplink_bytes("allgather", 100, 4) == 300
 
 

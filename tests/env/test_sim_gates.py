@@ -98,6 +98,14 @@ def test_a_record_that_is_the_simulator_passes_every_gate(scenario):
     (run,) = client.search_runs([client.get_experiment_by_name("commgym").experiment_id])
     assert run.data.metrics["sim/h"] == pytest.approx(r["headroom"]["sim_h"])
     assert run.data.metrics["real/h"] == pytest.approx(r["headroom"]["real"]["h"])
+    # kept beside the calibration, where train --env sim reads them next to its gap
+    from commgym.experiments.calibrate_sim import fidelity_lines, gates_path
+
+    cal_path = scenario[1]
+    assert gates_path(cal_path) == cal_path.with_name("cal.gates.json")
+    (line,) = fidelity_lines(cal_path)
+    assert line.startswith(f"simulator fidelity on {scenario[0]} (bench sim, ")
+    assert line.count("PASS") == 4 and "FAIL" not in line and "tau 1.00" in line
 
 
 def test_a_swapped_ranking_fails_its_gate(scenario):
@@ -116,6 +124,17 @@ def test_a_swapped_ranking_fails_its_gate(scenario):
     r = _gates(path, cal_path, real_path, tmp_path)
     row = next(x for x in r["ranking"] if x["condition"] == "100mbit")
     assert not row["pass"] and row["tau"] < 0.9
+    from commgym.experiments.calibrate_sim import fidelity_lines
+
+    (line,) = fidelity_lines(cal_path)  # the newest verdict replaces the scenario's entry
+    assert line.count("FAIL") == 1
+
+
+def test_no_recorded_gates_names_the_command(tmp_path):
+    from commgym.experiments.calibrate_sim import fidelity_lines
+
+    (line,) = fidelity_lines(tmp_path / "cal.json")
+    assert "no gates recorded" in line and "commgym bench sim --scenario" in line
 
 
 def test_kendall_tau_reference_values():
@@ -124,3 +143,21 @@ def test_kendall_tau_reference_values():
     # one discordant pair of six: (5 - 1) / 6
     assert kendall_tau([1, 2, 3, 4], [2, 1, 3, 4]) == pytest.approx(4 / 6)
     assert np.isnan(kendall_tau([1, 1, 1], [1, 2, 3]))
+
+
+def test_bench_sim_command_on_cached_runs_records_its_gates(scenario):
+    """The command: gates from the cache only (no rank starts), a record, the gates file."""
+    from tests.experiments.cli_helpers import cli_ok
+
+    path, cal_path, real_path, tmp_path = scenario
+    out = cli_ok(
+        ["bench", "sim", "--scenario", str(path), "--calibration", str(cal_path),
+         "--real", str(real_path), "--seeds", ",".join(map(str, SEEDS)), "--cached-only",
+         "--record", str(tmp_path / "rec")],
+        tmp_path,  # the default MLflow store: ./mlflow.db under the test's folder
+    )  # fmt: skip
+    assert "fidelity gates" in out and "PASS" in out
+    assert f"gates kept beside the calibration: {cal_path.with_name('cal.gates.json')}" in out
+    (rec,) = (tmp_path / "rec").iterdir()
+    assert (rec / "run.json").exists() and "fidelity gates" in (rec / "output.txt").read_text()
+    assert json.loads((rec / "results.json").read_text())["headroom"]["pass"] is True

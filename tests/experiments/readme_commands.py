@@ -251,6 +251,22 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         "same path, a tiny calibration then `commgym train --env sim --calibration`, runs in "
         "tests/experiments/test_train_sim.py"
     ),
+    "commgym train --config flaky-link-ppo": NotInCI(
+        "1,000,000 simulated decisions (about half an hour with SB3's per-step overhead) then "
+        "the real evaluation; the path (--env sim, a recipe's agent_kwargs) runs in "
+        "tests/experiments/test_train_sim.py, the file loads in tests/experiments/"
+        "test_config.py::test_every_agent_resolves_in_every_shipped_scenario"
+    ),
+    "commgym calibrate-sim --config flaky-link": NotInCI(
+        "4 real ranks for about 4 minutes; the same calibrate_sim on a tiny setting is the "
+        "session fixture tiny_calibration (tests/conftest.py), the command's record option is "
+        "checked by tests/experiments/test_records.py"
+    ),
+    "commgym bench sim --scenario link-lottery": NotInCI(
+        "its real reference runs take about 32 minutes of 4 ranks; the command on cached real "
+        "runs: tests/env/test_sim_gates.py::"
+        "test_bench_sim_command_on_cached_runs_records_its_gates"
+    ),
     "commgym": Mention("commgym train --help"),
     "commgym headroom-bound": NotInCI(
         "the command's name in prose; its one form in the docs is the per-condition recipe: "

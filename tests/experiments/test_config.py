@@ -131,3 +131,38 @@ def test_static_presets_are_checked_against_the_scenarios_menu():
         load_run_config("smoke", {"baselines": "static:int8/3MB/H1"})
     with pytest.raises(ValueError, match="fp16/25MB/H4"):  # the scenario's menu is listed
         load_run_config("slow-link", {"agent": "static:int8/4MB/H1"})
+
+
+def test_a_config_extends_a_scenario_field_by_field(tmp_path):
+    base = load_run_config("flaky-link")
+    p = tmp_path / "variant.yaml"
+    p.write_text(
+        yaml.safe_dump(
+            {
+                "extends": "flaky-link",
+                "agent": "ppo",
+                "env": {"time_budget_s": 40.0},
+                "agent_kwargs": {"n_steps": 64},
+            }
+        )
+    )
+    cfg = load_run_config(p)
+    # env fields replaced one by one, the rest of the scenario's env kept
+    assert cfg.env["time_budget_s"] == 40.0
+    assert {k: v for k, v in cfg.env.items() if k != "time_budget_s"} == {
+        k: v for k, v in base.env.items() if k != "time_budget_s"
+    }
+    # other keys replaced; flat agent_kwargs are this file's agent's, merged per agent
+    assert cfg.agent == "ppo" and cfg.agent_kwargs["ppo"] == {"n_steps": 64}
+    assert cfg.baselines == base.baselines and cfg.baseline_kwargs == base.baseline_kwargs
+    # a file next to the extending one is found by its file name; cycles are refused
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(ValueError, match="extend each other in a cycle"):
+        load_run_config(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("extends: no-such-scenario\n")
+    with pytest.raises(FileNotFoundError, match="'no-such-scenario' not found"):
+        load_run_config(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("extends: flaky-link\nepisode: 3\n")
+    with pytest.raises(ValueError, match="did you mean 'episodes'"):
+        load_run_config(tmp_path / "d.yaml")

@@ -97,7 +97,7 @@ def test_the_record_option_runs_the_command_inside_a_recording(tmp_path, monkeyp
 #: The commands whose runs are recorded (a new benchmark adds ``@record_option()`` and a name here).
 RECORDED = ("train", "evaluate", "leaderboard", "bench sync", "bench kernels", "bench env",
             "bench netem", "bench collectives", "bench surrogate", "bench surrogate-holdout",
-            "bench executor")  # fmt: skip
+            "bench executor", "bench sim", "calibrate-sim")  # fmt: skip
 
 
 def test_every_recorded_command_offers_record():

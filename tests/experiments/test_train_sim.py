@@ -54,7 +54,16 @@ def test_train_learns_in_the_simulator_and_evaluates_on_real_ranks(scenario):
     assert "training ppo on the simulator" in out and "learned in" in out
     assert f"simulator calibration {cal}" in out and "real decisions" in out
     assert "ppo (learned)" in out and "sim-to-real gap: simulator return" in out
+    assert "simulator fidelity" in out  # bench sim's gates of this calibration, or none
     assert (tmp / "out" / "policy.zip").exists()
+    # the simulator's learning keeps one row per episode, not one per decision
+    import csv
+
+    rows = list(csv.DictReader((tmp / "out" / "learning-episodes.csv").open()))
+    assert rows and int(rows[-1]["decisions"]) <= 32 + 8
+    assert {"episode_return", "episode_length", "most_played", "reason"} <= set(rows[0])
+    assert sum(int(r["episode_length"]) for r in rows) == int(rows[-1]["decisions"])
+    assert not (tmp / "out" / "learning-decisions.csv").exists()
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("commgym-sim-test")
     (parent,) = [
@@ -65,7 +74,7 @@ def test_train_learns_in_the_simulator_and_evaluates_on_real_ranks(scenario):
     assert parent.data.params["env_kind"] == "sim"
     assert "sim2real/gap" in parent.data.metrics
     names = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"cal.json", "policy.zip"} <= names, names
+    assert {"cal.json", "policy.zip", "sim_fidelity.txt"} <= names, names
 
 
 def test_a_calibration_that_cannot_serve_the_scenario_is_refused_before_ranks_start(scenario):
