@@ -58,6 +58,8 @@ _JIT = {"nogil": True, "cache": True, "fastmath": False, "boundscheck": False}
 _M32 = np.uint64(0xFFFFFFFF)
 _F32_INF = np.float32(np.inf)
 _ABS_MASK = np.int32(0x7FFFFFFF)
+#: below this chunk amax (2**125) no new error-feedback residual can overflow (see _quantize_ef)
+_GUARD_FREE_AMAX = np.float32(2.0**125)
 
 
 # -- scalar helpers ----------------------------------------------------------------------
@@ -122,6 +124,8 @@ def _quantize_ef(x, r, has_res, bits, codes, scales, stochastic, seed, chunk):
     vbuf = np.empty(chunk, np.float32)
     ybuf = np.empty(chunk, np.float32)
     ubuf = np.zeros(chunk + per, np.int32)
+    # int8 with error feedback and round-to-nearest: the common case, with its own loops
+    lean = per == 1 and has_res and not stochastic
     for c in range(nch):
         lo = c * chunk
         m = min(n, lo + chunk) - lo
@@ -131,7 +135,13 @@ def _quantize_ef(x, r, has_res, bits, codes, scales, stochastic, seed, chunk):
         amax_bits = np.int32(0)
         # explicit int32 casts: numba widens int32 arithmetic to int64, and the widened
         # reduction does not vectorise
-        if has_res:
+        if has_res and lean:
+            # v is recomputed where it is used (x and r of a chunk stay in L1); storing it
+            # here as well costs a pass
+            for j in range(m):
+                vj = xc[j] + rc[j]
+                amax_bits = np.int32(max(np.int32(_f32_bits(vj) & _ABS_MASK), amax_bits))
+        elif has_res:
             for j in range(m):
                 vj = xc[j] + rc[j]
                 v[j] = vj
@@ -149,6 +159,26 @@ def _quantize_ef(x, r, has_res, bits, codes, scales, stochastic, seed, chunk):
         ok = ok and inv < _F32_INF
         # y = clamp(floor(v * inv + 0.5)) (or + hash for stochastic rounding); a chunk
         # that is not ok encodes zeros (the reference's where(ok, v * inv, 0)).
+        if lean and ok and amax < _GUARD_FREE_AMAX:
+            cc = codes[lo : lo + m]
+            # Here every new residual is finite: |v| <= amax, |y * scale| <= amax
+            # (1 + 3 eps), so |new| < 3 amax < FLT_MAX. The reference's keep-old-if-
+            # non-finite select is the identity, and without it this loop stores
+            # unconditionally, which is what lets LLVM vectorise it (a conditional
+            # store does not). The code is converted straight from float (y + qmax is
+            # an exact integer in [0, 2 qmax]): numba widens ``int32(y) + qmax`` to
+            # int64, which vectorises badly. The clamp is the identity here too:
+            # |v * inv| <= qmax (1 + u)^3 (u = 2^-24), so floor(v * inv + 0.5) lies in
+            # [-qmax, qmax]. Together 0.79 -> 0.35 ms on a 4.5 MiB bucket (one core).
+            for j in range(m):
+                vj = xc[j] + rc[j]
+                y = np.floor(vj * inv + np.float32(0.5))
+                rc[j] = vj - y * scale
+                cc[j] = np.uint8(y + qmax_f)
+            continue
+        if lean:
+            for j in range(m):
+                v[j] = xc[j] + rc[j]
         if per == 1 and ok and not stochastic:
             cc = codes[lo : lo + m]
             if has_res:
@@ -156,11 +186,11 @@ def _quantize_ef(x, r, has_res, bits, codes, scales, stochastic, seed, chunk):
                     y = min(max(np.floor(v[j] * inv + np.float32(0.5)), neg_qmax_f), qmax_f)
                     new = v[j] - y * scale
                     rc[j] = new if abs(new) < _F32_INF else rc[j]
-                    cc[j] = np.uint8(np.int32(y) + qmax)
+                    cc[j] = np.uint8(y + qmax_f)
             else:
                 for j in range(m):
                     y = min(max(np.floor(v[j] * inv + np.float32(0.5)), neg_qmax_f), qmax_f)
-                    cc[j] = np.uint8(np.int32(y) + qmax)
+                    cc[j] = np.uint8(y + qmax_f)
             continue
         u = ubuf[: m + per]
         if ok and not stochastic:
@@ -169,11 +199,11 @@ def _quantize_ef(x, r, has_res, bits, codes, scales, stochastic, seed, chunk):
                     y = min(max(np.floor(v[j] * inv + np.float32(0.5)), neg_qmax_f), qmax_f)
                     new = v[j] - y * scale
                     rc[j] = new if abs(new) < _F32_INF else rc[j]
-                    u[j] = np.int32(y) + qmax
+                    u[j] = np.int32(y + qmax_f)
             else:
                 for j in range(m):
                     y = min(max(np.floor(v[j] * inv + np.float32(0.5)), neg_qmax_f), qmax_f)
-                    u[j] = np.int32(y) + qmax
+                    u[j] = np.int32(y + qmax_f)
         else:
             yb = ybuf[:m]
             if not ok:
@@ -187,7 +217,7 @@ def _quantize_ef(x, r, has_res, bits, codes, scales, stochastic, seed, chunk):
                 if has_res:
                     new = v[j] - y * scale
                     rc[j] = new if abs(new) < _F32_INF else rc[j]
-                u[j] = np.int32(y) + qmax
+                u[j] = np.int32(y + qmax_f)
         for j in range(m, m + per):
             u[j] = 0  # pad bits are zero
         nb = (m + per - 1) // per
@@ -750,13 +780,24 @@ def powersgd_residual(
 # -- plumbing ---------------------------------------------------------------------------------
 
 
+_TORCH_DTYPE = {
+    np.float32: torch.float32,
+    np.uint8: torch.uint8,
+    np.int64: torch.int64,
+    np.bool_: torch.bool,
+}
+
+
 def _np(t: torch.Tensor, dtype, what: str) -> np.ndarray:
+    # Called four times per kernel call: the checks read torch's attributes and skip
+    # detach/reshape when they are no-ops (that chain cost ~5 us a call, 20 us a bucket).
     if t.device.type != "cpu" or not t.is_contiguous():
         raise ValueError(f"{what} must be a contiguous CPU tensor, got {t.device} {t.stride()}")
-    a = t.detach().reshape(-1).numpy()
-    if a.dtype != dtype:
-        raise ValueError(f"{what} must be {np.dtype(dtype).name}, got {a.dtype.name}")
-    return a
+    if t.dtype != _TORCH_DTYPE[dtype]:
+        raise ValueError(f"{what} must be {np.dtype(dtype).name}, got {t.dtype}")
+    if t.requires_grad:
+        t = t.detach()
+    return (t if t.dim() == 1 else t.reshape(-1)).numpy()
 
 
 def supports(*tensors: torch.Tensor | None) -> bool:

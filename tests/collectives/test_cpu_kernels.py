@@ -91,6 +91,23 @@ def test_quantize_other_chunk_sizes(chunk_size, bits):
     assert_same_bits(out, ref, "dequantized")
 
 
+@pytest.mark.parametrize("amax", [2.0**125 * 0.99, 2.0**125, 3.0e38, torch.finfo(torch.float32).max])
+def test_quantize_int8_both_sides_of_the_unguarded_loop(amax):
+    """int8 + EF skips the keep-old-if-non-finite select below amax 2**125 (cpu_kernels'
+    proof); at and above it the guarded loop runs. Both match the reference bit for bit,
+    including where ``v - y * scale`` overflows near FLT_MAX."""
+    g = torch.Generator().manual_seed(11)
+    x = (torch.rand(2048, generator=g) * 2 - 1) * amax
+    x[::512] = amax  # every chunk reaches amax
+    r0 = (torch.rand(2048, generator=g) * 2 - 1) * amax * 1e-3
+    r_ref, r_cpu = r0.clone(), r0.clone()
+    c_ref, s_ref = R.quantize_ef(x, r_ref, 8)
+    c_cpu, s_cpu = C.quantize_ef(x, r_cpu, 8)
+    assert_same_bits(c_cpu, c_ref, "codes")
+    assert_same_bits(s_cpu, s_ref, "scales")
+    assert_same_bits(r_cpu, r_ref, "residual")
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     values=st.lists(
