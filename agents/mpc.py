@@ -14,7 +14,7 @@ by the link cannot:
   is, so the best entry changes as the target comes near;
 * the **switch cost**: leaving a local-SGD period for period 1 averages the optimizer state,
   and every switch loses a fitted share of a decision's progress
-  (:attr:`~commgym.env.sim.Calibration.switch_penalty`);
+  (:attr:`~commgym.env.sim.Calibration.switch_penalties`);
 * the **remaining budget** (``elapsed_frac``): an entry that cannot reach the target in it
   ranks by the loss it would reach.
 
@@ -186,8 +186,7 @@ class ModelPredictiveAgent(StepAgent):
             if rate not in base:
                 timings = model.timings(rate)
                 gain = [
-                    (math.log(loss) - math.log(model.next_loss(k, loss, False)))
-                    / timings[k].train_s
+                    (math.log(loss) - math.log(model.next_loss(k, loss))) / timings[k].train_s
                     for k in range(n)
                 ]
                 base[rate] = int(np.argmax(gain))
@@ -202,7 +201,7 @@ class ModelPredictiveAgent(StepAgent):
                 switched = last >= 0 and entry != last
                 t += model.switch_s(last, entry, rate) if switched else 0.0
                 t += model.timings(rate)[entry].train_s + model.probe_s(self.probe_bytes, rate)
-                cur = model.next_loss(entry, cur, switched)
+                cur = model.next_loss(entry, cur, last)
                 last = entry
                 if cur <= self.target:
                     reached = t - now_s

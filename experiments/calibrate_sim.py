@@ -100,6 +100,48 @@ def fidelity_lines(calibration: str | os.PathLike[str]) -> list[str]:
     return lines
 
 
+#: Random-switch episodes of a calibration: ~20 switches each, so each pair of compressor
+#: families on a menu of three families sees ~15 (the per-pair fit needs 4).
+SWITCH_EPISODES = 8
+
+
+def switch_lines(cal: Any) -> list[str]:
+    """The switch model of a calibration and its leave-one-episode-out check, as lines."""
+    f = cal.switch_fit
+    if not cal.switch_penalties and f.get("switches") is None:
+        return [f"switch penalty {cal.switch_penalty:.2f} (pooled; no per-pair fit in this file)"]
+    pairs = ", ".join(
+        f"{p} {cal.switch_penalties[p]:.2f} (n={n})" if p in cal.switch_penalties else f"{p} n={n}"
+        for p, n in f.get("counts", {}).items()
+    )
+    lines = [
+        f"switch penalties (decisions of progress lost): pooled {cal.switch_penalty:.2f} over "
+        f"{f.get('switches', 0)} switches; {pairs or 'no switches'}"
+    ]
+    gate = switch_gate(f)
+    if gate is not None:
+        lines.append(
+            f"switch gate (held-out episodes, median |log-loss error| one decision ahead): "
+            f"after switches {f['err_switch_pairs']:.4f} per pair ({f['err_switch_pooled']:.4f} "
+            f"pooled), other decisions {f['err_stay']:.4f}; target <= {SWITCH_GATE_RATIO:g}x "
+            f"the other decisions': {'PASS' if gate else 'FAIL'}"
+        )
+    return lines
+
+
+#: The switch gate: after a switch the simulator's one-decision-ahead loss is off by at most
+#: this many times what it is off by on other decisions (the curves' own accuracy).
+SWITCH_GATE_RATIO = 1.5
+
+
+def switch_gate(fit: dict[str, Any]) -> bool | None:
+    """Whether a switch fit passes :data:`SWITCH_GATE_RATIO` (None: not measurable)."""
+    a, b = fit.get("err_switch_pairs"), fit.get("err_stay")
+    if a is None or b is None or not (np.isfinite(a) and np.isfinite(b)):
+        return None
+    return bool(a <= SWITCH_GATE_RATIO * b)
+
+
 class _ResetInfo(gym.Wrapper):
     """Keeps the last reset's ``info`` (the curve's first point: the reset's held-out loss)."""
 
@@ -189,7 +231,7 @@ def calibrate_sim(
     seeds: Sequence[int] = CALIBRATION_SEEDS,
     target_loss: float | None = None,
     budget_s: float = 60.0,
-    switch_episodes: int = 2,
+    switch_episodes: int = SWITCH_EPISODES,
     rates: Sequence[int] | None = None,
     repeats: int = 3,
     progress: Callable[[str, int], Any] | None = None,
@@ -226,7 +268,7 @@ def calibrate_sim(
     from commgym.env.sim import (
         Calibration,
         EntryCalibration,
-        fit_switch_penalty,
+        fit_switch_penalties,
         fit_wire,
         measure_codec,
         workload_key,
@@ -324,9 +366,7 @@ def calibrate_sim(
                 decisions=len(ms),
                 curves=curves[e],
             )
-        penalty, rms = (
-            fit_switch_penalty(curves, switch_eps, target) if switch_eps else (0.0, float("nan"))
-        )
+        switch_fit = fit_switch_penalties(curves, switch_eps, target)
         advance()
     acc_rows = sorted(r for r in acc_rows if np.isfinite(r[0]) and np.isfinite(r[1]))
     cal = Calibration(
@@ -339,8 +379,9 @@ def calibrate_sim(
         entries=ents,
         codec=codec,
         wire=wire,
-        switch_penalty=penalty,
-        switch_rms=rms,
+        switch_penalty=switch_fit["penalty"],
+        switch_penalties=switch_fit["penalties"],
+        switch_fit=switch_fit,
         eval_acc=acc_rows,
         meta={
             "real_s": time.perf_counter() - t_start,

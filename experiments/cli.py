@@ -106,9 +106,7 @@ def netem_cleanup() -> None:
     )
 
 
-results_app = typer.Typer(
-    help="Recorded runs (folders written by --record).", no_args_is_help=True
-)
+results_app = typer.Typer(help="Recorded runs (folders written by --record).", no_args_is_help=True)
 app.add_typer(results_app, name="results")
 
 

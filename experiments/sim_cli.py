@@ -30,7 +30,9 @@ CALIBRATE_OPTIONS = {
         "Held-out loss the episodes run down to (default: 0.9x the scenario's)."
     ),
     "budget_s": CliField("Training-time budget of each calibration episode, s.", min=1),
-    "switch_episodes": CliField("Random-switch episodes (the switch penalty's fit).", min=0),
+    "switch_episodes": CliField(
+        "Random-switch episodes (the switch penalties' fit; default 8).", min=0
+    ),
     "rates": CliField("Comma-separated link rates to time the wire on (default: the plan's)."),
 }
 
@@ -87,12 +89,12 @@ def register(app: typer.Typer) -> None:
         seeds: str = "900001,900002",
         target_loss: float | None = None,
         budget_s: float = 60.0,
-        switch_episodes: int = 2,
+        switch_episodes: int | None = None,
         rates: str | None = None,
     ) -> None:
         """Measure the simulator's parts on real ranks (one calibration per workload setting)."""
         from commgym.env.net import NetworkSpec
-        from commgym.experiments.calibrate_sim import calibrate_sim, calibration_path
+        from commgym.experiments.calibrate_sim import calibrate_sim, calibration_path, switch_lines
         from commgym.experiments.config import load_run_config
         from commgym.experiments.progress import console, phase
 
@@ -101,7 +103,8 @@ def register(app: typer.Typer) -> None:
             path = str(calibration_path(out, env_cfg))
             cal = calibrate_sim(
                 env_cfg, path, seeds=comma_list(seeds, int), target_loss=target_loss,
-                budget_s=budget_s, switch_episodes=switch_episodes,
+                budget_s=budget_s,
+                **({} if switch_episodes is None else {"switch_episodes": switch_episodes}),
                 rates=None if rates is None else [
                     NetworkSpec.parse(r).rate_bit_s for r in comma_list(rates)
                 ],
@@ -113,6 +116,8 @@ def register(app: typer.Typer) -> None:
         console.print(
             f"calibration of {cal.key['workload']} (W={cal.key['world_size']}, "
             f"{cal.key['shards']}) -> {path}: {m['real_s']:.0f} s of real ranks, "
-            f"{m['real_decisions']} decisions, switch penalty {cal.switch_penalty:.2f} "
+            f"{m['real_decisions']} decisions "
             f"(load {m['load_before'][0]:.2f} -> {m['load_after'][0]:.2f})"
         )
+        for line in switch_lines(cal):
+            console.print(line)

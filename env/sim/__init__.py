@@ -14,7 +14,8 @@ wire                   timed all-reduces/all-gathers per link rate: alpha-     w
                        beta with the emulation's token-bucket burst
 learning progress      each entry's held-out loss curve (unshaped; progress    progress
                        does not depend on the link), followed from any loss;
-                       a fitted share of a decision lost per switch
+                       a fitted share of a decision lost per switch, per
+                       pair of compressor families
 conditions             the env config's own plan (``for_episode``): the real   env
                        env's resolution, one source of truth
 =====================  ======================================================  ==========
@@ -44,7 +45,12 @@ from commgym.env.sim.planner import (
     simulate,
     static_ranking,
 )
-from commgym.env.sim.progress import ProgressModel, fit_switch_penalty
+from commgym.env.sim.progress import (
+    ProgressModel,
+    fit_switch_penalties,
+    switch_family,
+    switch_pair,
+)
 from commgym.env.sim.wire import LinkFit, WireModel, fit_wire, ring_uplink_bytes
 
 __all__ = [
@@ -64,12 +70,14 @@ __all__ = [
     "condition_label",
     "episode_conditions",
     "episode_seed_of",
-    "fit_switch_penalty",
+    "fit_switch_penalties",
     "fit_wire",
     "headroom",
     "measure_codec",
     "ring_uplink_bytes",
     "simulate",
     "static_ranking",
+    "switch_family",
+    "switch_pair",
     "workload_key",
 ]

@@ -12,7 +12,9 @@ are the scenario's, not the calibration's.
 * ``codec``: per compression spec, the kernels' codec time and payload per round
   (:mod:`commgym.env.sim.codec`) on the workload's one bucket;
 * ``wire``: the alpha-beta fit per recorded link rate (:mod:`commgym.env.sim.wire`);
-* ``switch_penalty``: the progress a switch costs (:mod:`commgym.env.sim.progress`);
+* ``switch_penalty`` / ``switch_penalties``: the progress a switch costs, pooled and per pair of
+  compressor families, with the fit's leave-one-episode-out check ``switch_fit``
+  (:mod:`commgym.env.sim.progress`);
 * ``meta``: the real cost (seconds, decisions), load, date, commit.
 """
 
@@ -53,6 +55,11 @@ def workload_key(cfg: Any) -> dict[str, Any]:
         "steps_per_decision": int(cfg.steps_per_decision),
         "backend": str(cfg.backend),
     }
+
+
+def _json_safe(d: dict[str, Any]) -> dict[str, Any]:
+    """NaN -> None at the top level (JSON has no NaN)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
 @dataclass
@@ -101,8 +108,12 @@ class Calibration:
         entries: ``str(CommConfig)`` -> :class:`EntryCalibration`.
         codec: compression spec -> :class:`CodecMeasurement`.
         wire: the fitted :class:`WireModel`.
-        switch_penalty: progress lost by a switching decision, share of a decision.
-        switch_rms: RMS log-loss error of the switch fit (one decision ahead).
+        switch_penalty: progress lost by a switching decision whose pair has no own
+            value, share of a decision (pooled over every switch).
+        switch_penalties: ``"family->family"`` -> progress lost by such a switch
+            (:func:`~commgym.env.sim.progress.switch_pair`).
+        switch_fit: what :func:`~commgym.env.sim.progress.fit_switch_penalties` returned
+            (counts per pair and the leave-one-episode-out errors: the switch gate).
         eval_acc: ``[[loss, accuracy], ...]`` sorted by loss (the accuracy read-out).
         meta: cost (``real_s``, ``real_decisions``), load, date, commit, seeds.
         version: :data:`CALIBRATION_VERSION`.
@@ -118,7 +129,8 @@ class Calibration:
     codec: dict[str, CodecMeasurement]
     wire: WireModel
     switch_penalty: float = 0.0
-    switch_rms: float = math.nan
+    switch_penalties: dict[str, float] = field(default_factory=dict)
+    switch_fit: dict[str, Any] = field(default_factory=dict)
     eval_acc: list[list[float]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     version: int = CALIBRATION_VERSION
@@ -137,7 +149,8 @@ class Calibration:
             "codec": {k: v.to_dict() for k, v in self.codec.items()},
             "wire": self.wire.to_dict(),
             "switch_penalty": self.switch_penalty,
-            "switch_rms": None if not math.isfinite(self.switch_rms) else self.switch_rms,
+            "switch_penalties": dict(self.switch_penalties),
+            "switch_fit": _json_safe(self.switch_fit),
             "eval_acc": self.eval_acc,
             "meta": self.meta,
         }
@@ -165,7 +178,10 @@ class Calibration:
             codec={k: CodecMeasurement.from_dict(v) for k, v in d["codec"].items()},
             wire=WireModel.from_dict(d["wire"]),
             switch_penalty=float(d["switch_penalty"]),
-            switch_rms=math.nan if d.get("switch_rms") is None else float(d["switch_rms"]),
+            # calibrations written before the per-pair fit have one pooled penalty and the
+            # RMS of its fit
+            switch_penalties={k: float(v) for k, v in d.get("switch_penalties", {}).items()},
+            switch_fit=dict(d.get("switch_fit", {"rms": d.get("switch_rms")})),
             eval_acc=[list(x) for x in d.get("eval_acc", [])],
             meta=dict(d.get("meta", {})),
         )

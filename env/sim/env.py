@@ -192,7 +192,7 @@ class SimEnv(gym.Env):
         extra = model.switch_s(prev_k, k, self._rate) if switched else 0.0
         train_t = tm.train_s + extra + self._probe_s
         prev = self._eval_loss
-        eval_loss = model.next_loss(k, prev, switched)
+        eval_loss = model.next_loss(k, prev, prev_k)
         ent = self._ent[k]
         steps = cfg.steps_per_decision
         measured = DecisionMeasurement(

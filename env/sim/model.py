@@ -88,7 +88,10 @@ class SimModel:
             {e: calibration.entries[e].curves for e in self.entries},
             calibration.switch_penalty,
             calibration.target_loss,
+            calibration.switch_penalties,
         )
+        #: progress lost switching from flat entry i to j (0 on the diagonal)
+        self.penalty = [[self.progress.penalty(a, b) for b in self.entries] for a in self.entries]
         tables = self.progress.tables()
         #: per flat entry: (ascending -log-loss levels, positions), plain lists (scalar
         #: look-ups in pure Python beat np.interp's call overhead on the hot path)
@@ -181,10 +184,14 @@ class SimModel:
         self._cache[key] = out
         return out
 
-    def next_loss(self, k: int, loss: float, switched: bool) -> float:
-        """Held-out loss after one decision of flat entry ``k`` from ``loss``."""
+    def next_loss(self, k: int, loss: float, prev: int = -1) -> float:
+        """Held-out loss after one decision of flat entry ``k`` from ``loss``.
+
+        ``prev``: the flat entry played before it (-1: none, the episode's first decision);
+        a switch moves the decision's progress back by the pair's penalty.
+        """
         lv, pos = self.tables[k]
-        adv = 1.0 - self.progress.switch_penalty if switched else 1.0
+        adv = 1.0 - self.penalty[prev][k] if prev >= 0 else 1.0
         p = _interp(-math.log(max(loss, 1e-8)), lv, pos) + adv
         return math.exp(-_interp(p, pos, lv))
 

@@ -112,7 +112,7 @@ class _Run:
         dt = self.timings[i][k].train_s + self.probe[i]
         if switched:
             dt += self.model.switch_s(prev, k, self.rates[i])
-        return t + dt, self.model.next_loss(k, loss, switched)
+        return t + dt, self.model.next_loss(k, loss, prev)
 
 
 def simulate(

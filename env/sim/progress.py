@@ -10,11 +10,17 @@ log-loss slope of its last five decisions).
 
 One decision of entry ``e`` at held-out loss ``L`` moves ``e``'s position at ``L`` forward
 by one (the loss-level composition of learning curves: whatever played before, the model
-at loss ``L`` continues as ``e`` does from ``L``). A decision that *switches* entry moves it
-forward by ``1 - switch_penalty`` only: the switch restarts error feedback's residuals and
-PowerSGD's warm start and, from a local-SGD period, meets replicas that drifted apart
-(:meth:`GradientSynchronizer.reconfigure`); ``switch_penalty`` is fitted from episodes that
-switch at random (:func:`fit_switch_penalty`).
+at loss ``L`` continues as ``e`` does from ``L``). A decision that *switches* from entry
+``p`` to ``e`` moves it forward by ``1 - penalty(p, e)`` only (negative: the loss rises):
+the switch restarts error feedback's residuals and PowerSGD's warm start and, from a
+local-SGD period, meets replicas that drifted apart
+(:meth:`GradientSynchronizer.reconfigure`). What is lost depends on what the two entries
+keep, so the penalty is fitted per pair of compressor families (:func:`switch_family`:
+dense, quantised, sparse, low-rank) from episodes that switch at random
+(:func:`fit_switch_penalties`), with the pooled value for pairs seen too rarely. Measured on
+flaky-link's workload (PPO's real episodes, 2026-12-05): a switch between top-k and PowerSGD
+kept a quarter of a decision's progress, a switch between two dense entries nearly all of it,
+so one pooled value mispriced exactly the switches a learned policy makes.
 
 What it cannot model, it refuses: a loss below every curve's reach (the calibration's
 target) raises at construction of the env.
@@ -23,15 +29,50 @@ target) raises at construction of the env.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-__all__ = ["ProgressModel", "fit_switch_penalty"]
+__all__ = ["ProgressModel", "fit_switch_penalties", "switch_family", "switch_pair"]
 
 #: Levels of the position grid (log-loss), per entry.
 GRID = 400
 #: Decisions whose log-loss slope extends a curve that stopped early.
 TAIL = 5
+#: Largest penalty a fit may return: a switch can set training back (loss rises) by at
+#: most this many decisions' worth of progress less one.
+MAX_PENALTY = 3.0
+#: Compressor families by spec prefix: what a switch out of them loses (see the module).
+_FAMILIES = (
+    ("none", "dense"),
+    ("fp16", "dense"),
+    ("bf16", "dense"),
+    ("int", "quantised"),
+    ("topk", "sparse"),
+    ("randomk", "sparse"),
+    ("powersgd", "lowrank"),
+)
+
+
+def switch_family(entry: str) -> str:
+    """The compressor family of a menu entry (``str(CommConfig)``, e.g. ``topk:0.01/25MB/H1``).
+
+    Raises:
+        ValueError: a compression this table does not know.
+    """
+    spec = entry.split("/", 1)[0]
+    for prefix, family in _FAMILIES:
+        if spec.startswith(prefix):
+            return family
+    raise ValueError(
+        f"no switch family for compression {spec!r} (entry {entry!r}); known prefixes: "
+        f"{[p for p, _ in _FAMILIES]}"
+    )
+
+
+def switch_pair(prev: str, entry: str) -> str:
+    """``"family->family"``: the key of a switch's penalty."""
+    return f"{switch_family(prev)}->{switch_family(entry)}"
 
 
 def _positions(curve: Sequence[float], levels: np.ndarray) -> np.ndarray:
@@ -61,11 +102,13 @@ class ProgressModel:
     Args:
         curves: entry -> list (one per calibration seed) of held-out losses, index 0 the
             reset's loss, index ``i`` after decision ``i``.
-        switch_penalty: the share of a decision's progress a switch costs, in ``[0, 1)``.
+        switch_penalty: the share of a decision's progress a switch costs when its pair
+            has no own value, in ``[0, MAX_PENALTY)``.
         floor_loss: the lowest loss the model answers for (the calibration's target).
+        switch_penalties: ``switch_pair`` key -> penalty, in ``[0, MAX_PENALTY)``.
 
     Raises:
-        ValueError: no curves, an empty curve, or a penalty outside ``[0, 1)``.
+        ValueError: no curves, an empty curve, or a penalty outside ``[0, MAX_PENALTY)``.
     """
 
     def __init__(
@@ -73,13 +116,17 @@ class ProgressModel:
         curves: Mapping[str, Sequence[Sequence[float]]],
         switch_penalty: float = 0.0,
         floor_loss: float | None = None,
+        switch_penalties: Mapping[str, float] | None = None,
     ) -> None:
         if not curves or any(not c or any(len(x) < 2 for x in c) for c in curves.values()):
             raise ValueError("ProgressModel needs at least one curve of >= 2 losses per entry")
-        if not 0.0 <= switch_penalty < 1.0:
-            raise ValueError(f"switch_penalty must be in [0, 1), got {switch_penalty!r}")
+        pens = {"pooled": switch_penalty, **(switch_penalties or {})}
+        bad = {k: v for k, v in pens.items() if not 0.0 <= v < MAX_PENALTY}
+        if bad:
+            raise ValueError(f"switch penalties must be in [0, {MAX_PENALTY}), got {bad!r}")
         self.entries = list(curves)
         self.switch_penalty = float(switch_penalty)
+        self.switch_penalties = {k: float(v) for k, v in (switch_penalties or {}).items()}
         firsts = [np.log(c[0]) for cs in curves.values() for c in cs]
         self.initial_loss = float(np.exp(np.mean(firsts)))
         lows = [np.log(min(c)) for cs in curves.values() for c in cs]
@@ -96,6 +143,12 @@ class ProgressModel:
         # the inverse tables (position -> level), one per entry: monotone in position
         self._lv = self.levels
 
+    def penalty(self, prev: str | None, entry: str) -> float:
+        """Progress (decisions) lost by playing ``entry`` after ``prev`` (0 when equal or None)."""
+        if prev is None or prev == entry:
+            return 0.0
+        return self.switch_penalties.get(switch_pair(prev, entry), self.switch_penalty)
+
     def position(self, entry: str, loss: float) -> float:
         """Decisions of ``entry`` from the reset to ``loss`` (fractional)."""
         lv = np.log(max(loss, 1e-8))
@@ -106,15 +159,15 @@ class ProgressModel:
         """Held-out loss at ``position`` decisions along ``entry``'s curve."""
         return float(np.exp(np.interp(position, self.pos[entry], self._lv)))
 
-    def step(self, entry: str, loss: float, switched: bool) -> float:
+    def step(self, entry: str, loss: float, prev: str | None = None) -> float:
         """Held-out loss after one decision of ``entry`` from ``loss``.
 
         Args:
             entry: the menu entry played (``str(CommConfig)``).
             loss: held-out loss before the decision.
-            switched: the decision changes the entry played before it.
+            prev: the entry played before it (None: the episode's first decision).
         """
-        adv = 1.0 - self.switch_penalty if switched else 1.0
+        adv = 1.0 - self.penalty(prev, entry)
         return self.loss_at(entry, self.position(entry, loss) + adv)
 
     def tables(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -122,36 +175,100 @@ class ProgressModel:
         return {e: (-self._lv, self.pos[e]) for e in self.entries}
 
 
-def fit_switch_penalty(
+#: Switches a pair needs before it gets its own penalty (else the pooled one).
+MIN_PAIR_SWITCHES = 4
+
+
+def _switch_advances(
+    model: ProgressModel, episodes: Sequence[tuple[Sequence[str], Sequence[float]]]
+) -> tuple[list[tuple[str, float]], list[float]]:
+    """Measured progress of every decision: ``([(pair, advance) per switch], [advance per stay])``.
+
+    The advance is how far the decision moved along its entry's curve (1: as a static
+    episode of that entry would), read from the measured losses before and after it.
+    """
+    switches, stays = [], []
+    for entries, losses in episodes:
+        prev = None
+        for i, e in enumerate(entries):
+            lo, hi = max(losses[i + 1], 1e-8), max(losses[i], 1e-8)
+            adv = model.position(e, lo) - model.position(e, hi)
+            if prev is not None and e != prev:
+                switches.append((switch_pair(prev, e), adv))
+            elif prev is not None:
+                stays.append(adv)
+            prev = e
+    return switches, stays
+
+
+def fit_switch_penalties(
     curves: Mapping[str, Sequence[Sequence[float]]],
     episodes: Sequence[tuple[Sequence[str], Sequence[float]]],
     floor_loss: float | None = None,
-    grid: Sequence[float] = tuple(np.linspace(0.0, 0.9, 19)),
-) -> tuple[float, float]:
-    """The switch penalty that best predicts episodes that switch entries.
+    min_switches: int = MIN_PAIR_SWITCHES,
+) -> dict[str, Any]:
+    """Switch penalties per family pair from episodes that switch entries, and their check.
+
+    Each switching decision's measured advance along its entry's curve (see
+    :func:`_switch_advances`) gives ``1 - advance`` lost; a pair's penalty is the median over
+    its switches (robust to the loss's noise), clipped to ``[0, MAX_PENALTY)``; the pooled
+    penalty is the median over every switch. The check is leave-one-episode-out: each
+    episode's one-decision-ahead log-loss predicted by penalties fitted without it, as the
+    median absolute error on its switching decisions (per-pair and pooled penalties) and on
+    its other decisions (the curves' own accuracy, the yardstick).
 
     Args:
         curves: the static curves (as :class:`ProgressModel`).
         episodes: ``(entries played, losses)`` per episode: ``losses[0]`` the reset's,
             ``losses[i]`` after decision ``i`` (entry ``entries[i - 1]``).
         floor_loss: as :class:`ProgressModel`.
-        grid: penalties tried.
+        min_switches: switches a pair needs for its own penalty.
 
     Returns:
-        ``(penalty, RMS error of the predicted log-loss)`` over every decision of every
-        episode (one-decision-ahead predictions from the measured loss).
+        ``penalty`` (pooled), ``penalties`` (pair -> value), ``counts`` (pair -> switches),
+        ``switches``, and the check: ``err_switch_pairs``, ``err_switch_pooled``,
+        ``err_stay`` (median absolute log-loss errors; NaN with fewer than 2 episodes).
     """
-    best = (0.0, float("inf"))
-    for p in grid:
-        model = ProgressModel(curves, float(p), floor_loss)
-        errs = []
-        for entries, losses in episodes:
+    base = ProgressModel(curves, 0.0, floor_loss)
+
+    def fit(eps: Sequence[tuple[Sequence[str], Sequence[float]]]) -> tuple[float, dict, dict]:
+        sw, _ = _switch_advances(base, eps)
+        if not sw:
+            return 0.0, {}, {}
+        clip = lambda a: float(np.clip(1.0 - a, 0.0, MAX_PENALTY - 1e-6))  # noqa: E731
+        pooled = clip(float(np.median([a for _, a in sw])))
+        by: dict[str, list[float]] = {}
+        for pair, a in sw:
+            by.setdefault(pair, []).append(a)
+        pens = {p: clip(float(np.median(v))) for p, v in by.items() if len(v) >= min_switches}
+        return pooled, pens, {p: len(v) for p, v in sorted(by.items())}
+
+    pooled, pens, counts = fit(episodes)
+    errs: dict[str, list[float]] = {"pairs": [], "pooled": [], "stay": []}
+    if len(episodes) >= 2:
+        for j, (entries, losses) in enumerate(episodes):
+            p_j, pens_j, _ = fit([ep for i, ep in enumerate(episodes) if i != j])
+            m_pairs = ProgressModel(curves, p_j, floor_loss, pens_j)
+            m_pooled = ProgressModel(curves, p_j, floor_loss)
             prev = None
             for i, e in enumerate(entries):
-                pred = model.step(e, losses[i], switched=prev is not None and e != prev)
-                errs.append(np.log(pred) - np.log(max(losses[i + 1], 1e-8)))
+                real = np.log(max(losses[i + 1], 1e-8))
+                if prev is not None and e != prev:
+                    errs["pairs"].append(abs(np.log(m_pairs.step(e, losses[i], prev)) - real))
+                    errs["pooled"].append(abs(np.log(m_pooled.step(e, losses[i], prev)) - real))
+                elif prev is not None:
+                    errs["stay"].append(abs(np.log(m_pairs.step(e, losses[i], prev)) - real))
                 prev = e
-        rms = float(np.sqrt(np.mean(np.square(errs)))) if errs else float("inf")
-        if rms < best[1]:
-            best = (float(p), rms)
-    return best
+
+    def med(v: list[float]) -> float:
+        return float(np.median(v)) if v else float("nan")
+
+    return {
+        "penalty": pooled,
+        "penalties": pens,
+        "counts": counts,
+        "switches": int(sum(counts.values())),
+        "err_switch_pairs": med(errs["pairs"]),
+        "err_switch_pooled": med(errs["pooled"]),
+        "err_stay": med(errs["stay"]),
+    }

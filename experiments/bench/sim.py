@@ -449,6 +449,21 @@ def run_sim_gates(
         "pass": bool(all_e) and mape <= GATES["mape"],
     }
 
+    # gate 4: switches (from the calibration's own held-out random-switch episodes) ---------
+    from commgym.experiments.calibrate_sim import SWITCH_GATE_RATIO, switch_gate
+
+    fit = cal.switch_fit
+    result["switches"] = {
+        "penalty": cal.switch_penalty,
+        "penalties": dict(cal.switch_penalties),
+        "counts": dict(fit.get("counts", {})),
+        "err_switch_pairs": fit.get("err_switch_pairs"),
+        "err_switch_pooled": fit.get("err_switch_pooled"),
+        "err_stay": fit.get("err_stay"),
+        "ratio": SWITCH_GATE_RATIO,
+        "pass": switch_gate(fit),
+    }
+
     # speed -------------------------------------------------------------------------------
     from commgym.env.surrogate import benchmark_steps
 
@@ -524,6 +539,22 @@ def gate_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, bool | None]]
         f"<= {g['mape'] * 100:.0f} %",
         m["pass"],
     ))  # fmt: skip
+    sw = r.get("switches")
+    if sw is not None:  # results recorded before the switch gate have none
+        figure = (
+            "no per-pair fit in this calibration (re-run calibrate-sim)"
+            if sw["pass"] is None
+            else f"after switches {sw['err_switch_pairs']:.4f} (pooled penalty "
+            f"{sw['err_switch_pooled']:.4f}), other decisions {sw['err_stay']:.4f}; penalties "
+            + ", ".join(f"{p} {v:.2f}" for p, v in sw["penalties"].items())
+        )
+        rows.append((
+            "switches",
+            "held-out random-switch episodes (one decision ahead, median |log-loss error|)",
+            figure,
+            f"<= {sw['ratio']:g}x other decisions'",
+            sw["pass"],
+        ))  # fmt: skip
     return rows
 
 

@@ -91,7 +91,9 @@ def test_quantize_other_chunk_sizes(chunk_size, bits):
     assert_same_bits(out, ref, "dequantized")
 
 
-@pytest.mark.parametrize("amax", [2.0**125 * 0.99, 2.0**125, 3.0e38, torch.finfo(torch.float32).max])
+@pytest.mark.parametrize(
+    "amax", [2.0**125 * 0.99, 2.0**125, 3.0e38, torch.finfo(torch.float32).max]
+)
 def test_quantize_int8_both_sides_of_the_unguarded_loop(amax):
     """int8 + EF skips the keep-old-if-non-finite select below amax 2**125 (cpu_kernels'
     proof); at and above it the guarded loop runs. Both match the reference bit for bit,

@@ -23,10 +23,11 @@ from commgym.env.sim import (
     WireModel,
     adaptive_times,
     best_schedule_time,
-    fit_switch_penalty,
+    fit_switch_penalties,
     fit_wire,
     simulate,
     static_ranking,
+    switch_pair,
     workload_key,
 )
 from commgym.env.sim.wire import LinkFit, ring_uplink_bytes
@@ -179,24 +180,48 @@ def test_progress_follows_a_static_curve_decision_by_decision():
     pm = ProgressModel({"a": [curve]}, 0.0, floor_loss=0.1)
     loss = curve[0]
     for i in range(1, 40):
-        loss = pm.step("a", loss, switched=False)
+        loss = pm.step("a", loss)
         assert loss == pytest.approx(curve[i], rel=1e-3)
 
 
-def test_switch_penalty_is_recovered_from_switching_episodes():
-    curves = {"a": [_curve(0.05)], "b": [_curve(0.08)]}
-    truth = ProgressModel(curves, 0.3, floor_loss=0.1)
+def test_switch_penalties_per_family_pair_are_recovered_from_switching_episodes():
+    """Noise-free episodes from a known per-pair model: the fit recovers each pair that was
+    seen often enough (one pair sets training back: penalty > 1), pairs seen too rarely take
+    the pooled value, and the held-out check separates per-pair from pooled penalties."""
+    names = {"d": "none/25MB/H1", "s": "topk:0.01/25MB/H1", "l": "powersgd:2/25MB/H2"}
+    curves = {names["d"]: [_curve(0.05)], names["s"]: [_curve(0.07)], names["l"]: [_curve(0.06)]}
+    truth_pairs = {"dense->sparse": 0.2, "sparse->lowrank": 0.8, "lowrank->sparse": 0.7,
+                   "sparse->dense": 1.5}  # fmt: skip
+    truth = ProgressModel(curves, 0.3, floor_loss=0.1, switch_penalties=truth_pairs)
+    assert truth.penalty(names["s"], names["d"]) == 1.5
+    assert truth.penalty(names["d"], names["l"]) == 0.3  # no own value: the pooled one
+    assert truth.penalty(names["s"], names["s"]) == 0.0
     rng = np.random.default_rng(0)
-    entries, losses = [], [curves["a"][0][0]]
-    prev = None
-    for _ in range(30):
-        e = "ab"[int(rng.integers(2))]
-        losses.append(truth.step(e, losses[-1], switched=prev is not None and e != prev))
-        entries.append(e)
-        prev = e
-    penalty, rms = fit_switch_penalty(curves, [(entries, losses)], floor_loss=0.1)
-    assert penalty == pytest.approx(0.3, abs=0.026)
-    assert rms < 1e-3
+    episodes = []
+    for _ in range(6):
+        entries, losses, prev = [], [curves[names["d"]][0][0]], None
+        for _ in range(25):
+            e = names["dsl"[int(rng.integers(3))]]
+            losses.append(truth.step(e, losses[-1], prev))
+            entries.append(e)
+            prev = e
+        episodes.append((entries, losses))
+    fit = fit_switch_penalties(curves, episodes, floor_loss=0.1)
+    for pair, value in truth_pairs.items():
+        assert fit["counts"][pair] >= 4
+        assert fit["penalties"][pair] == pytest.approx(value, abs=0.02), pair
+    assert fit["penalties"][switch_pair(names["d"], names["l"])] == pytest.approx(0.3, abs=0.02)
+    assert fit["switches"] == sum(fit["counts"].values())
+    assert fit["err_switch_pairs"] < 0.01 < fit["err_switch_pooled"]
+    assert fit["err_stay"] < 1e-3
+    # a pair seen fewer than min_switches times falls back to the pooled value
+    rare = fit_switch_penalties(curves, episodes, floor_loss=0.1, min_switches=10_000)
+    assert rare["penalties"] == {} and 0.0 <= rare["penalty"] < 3.0
+
+
+def test_switch_family_names_what_it_does_not_know():
+    with pytest.raises(ValueError, match="no switch family for compression 'zstd'"):
+        switch_pair("zstd/25MB/H1", "none/25MB/H1")
 
 
 # -- env contract --------------------------------------------------------------------------------

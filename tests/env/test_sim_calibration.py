@@ -30,7 +30,12 @@ def test_calibration_measures_every_part_and_round_trips(calibrated):
         for curve in e.curves:
             assert curve[-1] <= 0.9 * 1.0 + 1e-9 < curve[0]  # down to 0.9x the target
     assert cal.wire.beta_host_s["allreduce"] >= 0 and not cal.wire.links  # loopback only
-    assert 0.0 <= cal.switch_penalty < 1.0
+    # one random-switch episode over a dense-only menu: every switch is dense -> dense; the
+    # held-out check needs two episodes (None in the file, not NaN)
+    assert 0.0 <= cal.switch_penalty < 3.0
+    assert set(cal.switch_fit["counts"]) <= {"dense->dense"}
+    assert cal.switch_fit["switches"] == sum(cal.switch_fit["counts"].values())
+    assert cal.to_dict()["switch_fit"]["err_switch_pairs"] is None
     assert cal.meta["real_decisions"] > 0 and cal.meta["real_s"] > 0
 
 

@@ -18,9 +18,7 @@ from commgym.experiments.train import train
 #: of the scenario's workload (``commgym calibrate-sim``; tests/agents/test_mpc.py).
 NEEDS_CALIBRATION = {"mpc"}
 #: Every registered agent, a static one by a menu entry (``static`` takes a preset).
-NAMES = [
-    n if n != "static" else "static:int8/4MB/H1" for n in AGENTS if n not in NEEDS_CALIBRATION
-]
+NAMES = [n if n != "static" else "static:int8/4MB/H1" for n in AGENTS if n not in NEEDS_CALIBRATION]
 
 
 def test_an_agent_without_its_calibration_is_refused_before_anything_runs(tmp_path):
