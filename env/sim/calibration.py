@@ -114,6 +114,8 @@ class Calibration:
             (:func:`~commgym.env.sim.progress.switch_pair`).
         switch_fit: what :func:`~commgym.env.sim.progress.fit_switch_penalties` returned
             (counts per pair and the leave-one-episode-out errors: the switch gate).
+        switch_episodes: the random-switch episodes it was fitted on, ``[entries played,
+            held-out losses]`` each (``losses[0]`` the reset's), so a fit can be redone.
         eval_acc: ``[[loss, accuracy], ...]`` sorted by loss (the accuracy read-out).
         meta: cost (``real_s``, ``real_decisions``), load, date, commit, seeds.
         version: :data:`CALIBRATION_VERSION`.
@@ -131,6 +133,7 @@ class Calibration:
     switch_penalty: float = 0.0
     switch_penalties: dict[str, float] = field(default_factory=dict)
     switch_fit: dict[str, Any] = field(default_factory=dict)
+    switch_episodes: list[list[list[Any]]] = field(default_factory=list)
     eval_acc: list[list[float]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     version: int = CALIBRATION_VERSION
@@ -151,6 +154,7 @@ class Calibration:
             "switch_penalty": self.switch_penalty,
             "switch_penalties": dict(self.switch_penalties),
             "switch_fit": _json_safe(self.switch_fit),
+            "switch_episodes": [[list(e), list(ls)] for e, ls in self.switch_episodes],
             "eval_acc": self.eval_acc,
             "meta": self.meta,
         }
@@ -182,6 +186,7 @@ class Calibration:
             # RMS of its fit
             switch_penalties={k: float(v) for k, v in d.get("switch_penalties", {}).items()},
             switch_fit=dict(d.get("switch_fit", {"rms": d.get("switch_rms")})),
+            switch_episodes=[[list(e), list(ls)] for e, ls in d.get("switch_episodes", [])],
             eval_acc=[list(x) for x in d.get("eval_acc", [])],
             meta=dict(d.get("meta", {})),
         )

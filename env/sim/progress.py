@@ -212,10 +212,20 @@ def fit_switch_penalties(
     Each switching decision's measured advance along its entry's curve (see
     :func:`_switch_advances`) gives ``1 - advance`` lost; a pair's penalty is the median over
     its switches (robust to the loss's noise), clipped to ``[0, MAX_PENALTY)``; the pooled
-    penalty is the median over every switch. The check is leave-one-episode-out: each
-    episode's one-decision-ahead log-loss predicted by penalties fitted without it, as the
-    median absolute error on its switching decisions (per-pair and pooled penalties) and on
-    its other decisions (the curves' own accuracy, the yardstick).
+    penalty is the median over every switch.
+
+    The check is leave-one-episode-out (penalties fitted without the episode they predict):
+
+    * open loop, the gate's figure: the simulator replays the episode's entry sequence from
+      its reset loss, as it would play a policy; the error is the mean absolute log-loss
+      difference along the episode, per-pair (``open_pairs``), pooled (``open_pooled``) and
+      free (``open_zero``) switches. Its yardstick ``open_static`` is the same error on the
+      static calibration episodes, each seed's curve predicted by the other seeds' (what the
+      simulator gets wrong without any switch); NaN with a single seed.
+    * one decision ahead from the measured loss (``err_switch_pairs``,
+      ``err_switch_pooled`` on switching decisions, ``err_stay`` on the others): per
+      decision the loss's own noise is of the size of a switch's effect, so this one tells
+      little; kept for comparison.
 
     Args:
         curves: the static curves (as :class:`ProgressModel`).
@@ -226,8 +236,8 @@ def fit_switch_penalties(
 
     Returns:
         ``penalty`` (pooled), ``penalties`` (pair -> value), ``counts`` (pair -> switches),
-        ``switches``, and the check: ``err_switch_pairs``, ``err_switch_pooled``,
-        ``err_stay`` (median absolute log-loss errors; NaN with fewer than 2 episodes).
+        ``switches``, ``episodes`` and the check's medians over episodes (NaN where fewer
+        than 2 episodes or seeds allow none).
     """
     base = ProgressModel(curves, 0.0, floor_loss)
 
@@ -244,21 +254,29 @@ def fit_switch_penalties(
         return pooled, pens, {p: len(v) for p, v in sorted(by.items())}
 
     pooled, pens, counts = fit(episodes)
-    errs: dict[str, list[float]] = {"pairs": [], "pooled": [], "stay": []}
+    errs: dict[str, list[float]] = {k: [] for k in ("pairs", "pooled", "stay")}
+    opens: dict[str, list[float]] = {k: [] for k in ("pairs", "pooled", "zero")}
     if len(episodes) >= 2:
         for j, (entries, losses) in enumerate(episodes):
             p_j, pens_j, _ = fit([ep for i, ep in enumerate(episodes) if i != j])
-            m_pairs = ProgressModel(curves, p_j, floor_loss, pens_j)
-            m_pooled = ProgressModel(curves, p_j, floor_loss)
+            models = {
+                "pairs": ProgressModel(curves, p_j, floor_loss, pens_j),
+                "pooled": ProgressModel(curves, p_j, floor_loss),
+                "zero": base,
+            }
             prev = None
             for i, e in enumerate(entries):
                 real = np.log(max(losses[i + 1], 1e-8))
+                pair_step = np.log(models["pairs"].step(e, losses[i], prev))
                 if prev is not None and e != prev:
-                    errs["pairs"].append(abs(np.log(m_pairs.step(e, losses[i], prev)) - real))
-                    errs["pooled"].append(abs(np.log(m_pooled.step(e, losses[i], prev)) - real))
+                    errs["pairs"].append(abs(pair_step - real))
+                    pooled_step = np.log(models["pooled"].step(e, losses[i], prev))
+                    errs["pooled"].append(abs(pooled_step - real))
                 elif prev is not None:
-                    errs["stay"].append(abs(np.log(m_pairs.step(e, losses[i], prev)) - real))
+                    errs["stay"].append(abs(pair_step - real))
                 prev = e
+            for name, m in models.items():
+                opens[name].append(_open_loop_error(m, entries, losses))
 
     def med(v: list[float]) -> float:
         return float(np.median(v)) if v else float("nan")
@@ -268,7 +286,43 @@ def fit_switch_penalties(
         "penalties": pens,
         "counts": counts,
         "switches": int(sum(counts.values())),
+        "episodes": len(episodes),
+        "open_pairs": med(opens["pairs"]),
+        "open_pooled": med(opens["pooled"]),
+        "open_zero": med(opens["zero"]),
+        "open_static": _static_open_loop_error(curves, floor_loss),
         "err_switch_pairs": med(errs["pairs"]),
         "err_switch_pooled": med(errs["pooled"]),
         "err_stay": med(errs["stay"]),
     }
+
+
+def _open_loop_error(
+    model: ProgressModel, entries: Sequence[str], losses: Sequence[float]
+) -> float:
+    """Mean |log-loss error| of ``model`` replaying ``entries`` from ``losses[0]``."""
+    loss, prev, err = float(losses[0]), None, []
+    for i, e in enumerate(entries):
+        loss = model.step(e, loss, prev)
+        prev = e
+        if losses[i + 1] < model.floor_loss:  # below the model's floor it answers nothing
+            break
+        err.append(abs(np.log(loss) - np.log(max(losses[i + 1], 1e-8))))
+    return float(np.mean(err)) if err else float("nan")
+
+
+def _static_open_loop_error(
+    curves: Mapping[str, Sequence[Sequence[float]]], floor_loss: float | None
+) -> float:
+    """Median over entries and seeds of each seed's curve predicted by the other seeds'."""
+    out = []
+    for e, cs in curves.items():
+        if len(cs) < 2:
+            continue
+        for j, c in enumerate(cs):
+            others = {k: ([x for i, x in enumerate(v) if i != j] if k == e else v)
+                      for k, v in curves.items()}  # fmt: skip
+            m = ProgressModel({e: others[e]}, 0.0, floor_loss)
+            out.append(_open_loop_error(m, [e] * (len(c) - 1), c))
+    out = [x for x in out if np.isfinite(x)]
+    return float(np.median(out)) if out else float("nan")

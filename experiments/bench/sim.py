@@ -457,9 +457,8 @@ def run_sim_gates(
         "penalty": cal.switch_penalty,
         "penalties": dict(cal.switch_penalties),
         "counts": dict(fit.get("counts", {})),
-        "err_switch_pairs": fit.get("err_switch_pairs"),
-        "err_switch_pooled": fit.get("err_switch_pooled"),
-        "err_stay": fit.get("err_stay"),
+        **{k: fit.get(k) for k in ("episodes", "open_pairs", "open_pooled", "open_zero")},
+        "open_static": fit.get("open_static"),
         "ratio": SWITCH_GATE_RATIO,
         "pass": switch_gate(fit),
     }
@@ -542,17 +541,21 @@ def gate_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, bool | None]]
     sw = r.get("switches")
     if sw is not None:  # results recorded before the switch gate have none
         figure = (
-            "no per-pair fit in this calibration (re-run calibrate-sim)"
+            (
+                "not measurable: fewer than 2 random-switch episodes or calibration seeds, or "
+                "a calibration written before the per-pair fit (re-run calibrate-sim)"
+            )
             if sw["pass"] is None
-            else f"after switches {sw['err_switch_pairs']:.4f} (pooled penalty "
-            f"{sw['err_switch_pooled']:.4f}), other decisions {sw['err_stay']:.4f}; penalties "
+            else f"per-pair {sw['open_pairs']:.3f} (pooled {sw['open_pooled']:.3f}, free "
+            f"{sw['open_zero']:.3f}), static episodes {sw['open_static']:.3f}; penalties "
             + ", ".join(f"{p} {v:.2f}" for p, v in sw["penalties"].items())
         )
         rows.append((
             "switches",
-            "held-out random-switch episodes (one decision ahead, median |log-loss error|)",
+            f"{sw['episodes']} held-out random-switch episodes replayed open loop "
+            "(mean |log-loss error|)",
             figure,
-            f"<= {sw['ratio']:g}x other decisions'",
+            f"<= {sw['ratio']:g}x static episodes'",
             sw["pass"],
         ))  # fmt: skip
     return rows

@@ -214,6 +214,13 @@ def test_switch_penalties_per_family_pair_are_recovered_from_switching_episodes(
     assert fit["switches"] == sum(fit["counts"].values())
     assert fit["err_switch_pairs"] < 0.01 < fit["err_switch_pooled"]
     assert fit["err_stay"] < 1e-3
+    # replayed open loop, the per-pair model follows the episodes; pooled and free switches
+    # drift from them
+    assert fit["episodes"] == 6
+    assert fit["open_pairs"] < 0.01 < fit["open_pooled"] < fit["open_zero"]
+    assert np.isnan(fit["open_static"])  # one seed per entry: no held-out static curve
+    two_seeds = {e: [c[0], _curve(0.055)] for e, c in curves.items()}
+    assert fit_switch_penalties(two_seeds, episodes, floor_loss=0.1)["open_static"] > 0
     # a pair seen fewer than min_switches times falls back to the pooled value
     rare = fit_switch_penalties(curves, episodes, floor_loss=0.1, min_switches=10_000)
     assert rare["penalties"] == {} and 0.0 <= rare["penalty"] < 3.0

@@ -35,7 +35,10 @@ def test_calibration_measures_every_part_and_round_trips(calibrated):
     assert 0.0 <= cal.switch_penalty < 3.0
     assert set(cal.switch_fit["counts"]) <= {"dense->dense"}
     assert cal.switch_fit["switches"] == sum(cal.switch_fit["counts"].values())
-    assert cal.to_dict()["switch_fit"]["err_switch_pairs"] is None
+    assert cal.to_dict()["switch_fit"]["open_pairs"] is None
+    # the episode is kept: a fit can be redone from the file
+    ((entries, losses),) = cal.switch_episodes
+    assert len(losses) == len(entries) + 1 and set(entries) <= set(cal.entries)
     assert cal.meta["real_decisions"] > 0 and cal.meta["real_s"] > 0
 
 
