@@ -121,13 +121,19 @@ def switch_lines(cal: Any) -> list[str]:
     gate = switch_gate(f)
     if gate is not None:
         lines.append(
-            f"switch gate ({f['episodes']} random-switch episodes, each held out; mean |log-loss "
-            f"error| replaying the episode open loop): per-pair penalties {f['open_pairs']:.3f}, "
-            f"pooled {f['open_pooled']:.3f}, free switches {f['open_zero']:.3f}; static episodes "
-            f"{f['open_static']:.3f}; target <= {SWITCH_GATE_RATIO:g}x the static episodes': "
-            f"{'PASS' if gate else 'FAIL'}"
+            f"switch gate ({f['episodes']} random-switch episodes, each held out, replayed open "
+            f"loop; mean |log-loss error|): {switch_gate_figure(f)}; target <= "
+            f"{SWITCH_GATE_RATIO:g}x the static episodes': {'PASS' if gate else 'FAIL'}"
         )
     return lines
+
+
+def switch_gate_figure(fit: dict[str, Any]) -> str:
+    """The switch gate's figures (a measurable fit: :func:`switch_gate` is not None)."""
+    return (
+        f"per-pair {fit['open_pairs']:.3f} (pooled {fit['open_pooled']:.3f}, free switches "
+        f"{fit['open_zero']:.3f}), static episodes {fit['open_static']:.3f}"
+    )
 
 
 #: The switch gate: replaying a held-out random-switch episode, the simulator's loss is off

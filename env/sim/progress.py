@@ -28,6 +28,7 @@ target) raises at construction of the env.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -120,13 +121,8 @@ class ProgressModel:
     ) -> None:
         if not curves or any(not c or any(len(x) < 2 for x in c) for c in curves.values()):
             raise ValueError("ProgressModel needs at least one curve of >= 2 losses per entry")
-        pens = {"pooled": switch_penalty, **(switch_penalties or {})}
-        bad = {k: v for k, v in pens.items() if not 0.0 <= v < MAX_PENALTY}
-        if bad:
-            raise ValueError(f"switch penalties must be in [0, {MAX_PENALTY}), got {bad!r}")
         self.entries = list(curves)
-        self.switch_penalty = float(switch_penalty)
-        self.switch_penalties = {k: float(v) for k, v in (switch_penalties or {}).items()}
+        self._set_penalties(switch_penalty, switch_penalties)
         firsts = [np.log(c[0]) for cs in curves.values() for c in cs]
         self.initial_loss = float(np.exp(np.mean(firsts)))
         lows = [np.log(min(c)) for cs in curves.values() for c in cs]
@@ -142,6 +138,26 @@ class ProgressModel:
             self.pos[e] = np.maximum.accumulate(self.pos[e])
         # the inverse tables (position -> level), one per entry: monotone in position
         self._lv = self.levels
+
+    def _set_penalties(self, pooled: float, pairs: Mapping[str, float] | None) -> None:
+        pens = {"pooled": pooled, **(pairs or {})}
+        bad = {k: v for k, v in pens.items() if not 0.0 <= v < MAX_PENALTY}
+        if bad:
+            raise ValueError(f"switch penalties must be in [0, {MAX_PENALTY}), got {bad!r}")
+        self.switch_penalty = float(pooled)
+        self.switch_penalties = {k: float(v) for k, v in (pairs or {}).items()}
+
+    def with_penalties(
+        self, switch_penalty: float, switch_penalties: Mapping[str, float] | None = None
+    ) -> ProgressModel:
+        """The same curves with other switch penalties (the position tables are shared).
+
+        Raises:
+            ValueError: a penalty outside ``[0, MAX_PENALTY)``.
+        """
+        out = copy.copy(self)
+        out._set_penalties(switch_penalty, switch_penalties)
+        return out
 
     def penalty(self, prev: str | None, entry: str) -> float:
         """Progress (decisions) lost by playing ``entry`` after ``prev`` (0 when equal or None)."""
@@ -247,10 +263,13 @@ def fit_switch_penalties(
     """
     base = ProgressModel(curves, 0.0, floor_loss)
 
-    work = ProgressModel(curves, 0.0, floor_loss)  # penalties set in place while fitting
-
-    def sse(eps: Sequence[tuple[Sequence[str], Sequence[float]]]) -> float:
-        return float(sum(_open_loop_error(work, e, ls, squared=True) for e, ls in eps))
+    def sse(
+        pooled: float,
+        pairs: Mapping[str, float],
+        eps: Sequence[tuple[Sequence[str], Sequence[float]]],
+    ) -> float:
+        m = base.with_penalties(pooled, pairs)
+        return float(sum(_open_loop_error(m, e, ls, squared=True) for e, ls in eps))
 
     def fit(eps: Sequence[tuple[Sequence[str], Sequence[float]]]) -> tuple[float, dict, dict]:
         sw, _ = _switch_advances(base, eps)
@@ -263,14 +282,12 @@ def fit_switch_penalties(
         # start: each pair's median lost progress, then refine open loop (what a policy's
         # episode accumulates): one pooled value first, then each pair in turn on the grid
         pens = {p: clip(float(np.median(v))) for p, v in by.items() if len(v) >= min_switches}
-        work.switch_penalties = {}
-        pooled = _best_on_grid(lambda v: _set(work, None, v) or sse(eps))
-        work.switch_penalty = pooled
-        work.switch_penalties = dict(pens)
+        pooled = _best_on_grid(lambda v: sse(v, {}, eps))
         for _ in range(_SWEEPS):
             for p in sorted(pens):
-                pens[p] = _best_on_grid(lambda v, p=p: _set(work, p, v) or sse(eps), start=pens[p])
-                work.switch_penalties[p] = pens[p]
+                pens[p] = _best_on_grid(
+                    lambda v, p=p: sse(pooled, {**pens, p: v}, eps), start=pens[p]
+                )
         return pooled, pens, {p: len(v) for p, v in sorted(by.items())}
 
     pooled, pens, counts = fit(episodes)
@@ -280,8 +297,8 @@ def fit_switch_penalties(
         for j, (entries, losses) in enumerate(episodes):
             p_j, pens_j, _ = fit([ep for i, ep in enumerate(episodes) if i != j])
             models = {
-                "pairs": ProgressModel(curves, p_j, floor_loss, pens_j),
-                "pooled": ProgressModel(curves, p_j, floor_loss),
+                "pairs": base.with_penalties(p_j, pens_j),
+                "pooled": base.with_penalties(p_j),
                 "zero": base,
             }
             prev = None
@@ -320,13 +337,6 @@ def fit_switch_penalties(
 #: Penalties tried by the open-loop fit, and its passes over the pairs.
 _GRID = tuple(float(v) for v in np.linspace(0.0, MAX_PENALTY - 0.1, 30))
 _SWEEPS = 2
-
-
-def _set(model: ProgressModel, pair: str | None, value: float) -> None:
-    if pair is None:
-        model.switch_penalty = value
-    else:
-        model.switch_penalties[pair] = value
 
 
 def _best_on_grid(cost: Any, start: float | None = None) -> float:

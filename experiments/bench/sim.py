@@ -453,12 +453,11 @@ def run_sim_gates(
     from commgym.experiments.calibrate_sim import SWITCH_GATE_RATIO, switch_gate
 
     fit = cal.switch_fit
+    keep = ("counts", "episodes", "open_pairs", "open_pooled", "open_zero", "open_static")
     result["switches"] = {
         "penalty": cal.switch_penalty,
         "penalties": dict(cal.switch_penalties),
-        "counts": dict(fit.get("counts", {})),
-        **{k: fit.get(k) for k in ("episodes", "open_pairs", "open_pooled", "open_zero")},
-        "open_static": fit.get("open_static"),
+        **{k: fit.get(k) for k in keep},
         "ratio": SWITCH_GATE_RATIO,
         "pass": switch_gate(fit),
     }
@@ -538,6 +537,8 @@ def gate_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, bool | None]]
         f"<= {g['mape'] * 100:.0f} %",
         m["pass"],
     ))  # fmt: skip
+    from commgym.experiments.calibrate_sim import switch_gate_figure
+
     sw = r.get("switches")
     if sw is not None:  # results recorded before the switch gate have none
         figure = (
@@ -546,8 +547,7 @@ def gate_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, bool | None]]
                 "a calibration written before the per-pair fit (re-run calibrate-sim)"
             )
             if sw["pass"] is None
-            else f"per-pair {sw['open_pairs']:.3f} (pooled {sw['open_pooled']:.3f}, free "
-            f"{sw['open_zero']:.3f}), static episodes {sw['open_static']:.3f}; penalties "
+            else f"{switch_gate_figure(sw)}; penalties "
             + ", ".join(f"{p} {v:.2f}" for p, v in sw["penalties"].items())
         )
         rows.append((
