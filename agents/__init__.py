@@ -41,7 +41,7 @@ from commgym.agents.oracle_adaptive import OracleAdaptiveAgent, ScheduleAgent
 from commgym.agents.registry import AGENTS, agent_names, load_agent, make_agent
 from commgym.agents.rollout import Episode, EpisodeStep, rollout
 from commgym.agents.rollout_table import RolloutTableAgent
-from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent, SB3Agent
+from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent, RecurrentPPOAgent, SB3Agent
 
 __all__ = [
     "AGENTS",
@@ -64,6 +64,7 @@ __all__ = [
     "RolloutTableAgent",
     "ScheduleAgent",
     "PPOAgent",
+    "RecurrentPPOAgent",
     "RandomAgent",
     "SB3Agent",
     "SlidingWindowUCBAgent",

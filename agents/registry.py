@@ -24,7 +24,7 @@ from commgym.agents.mpc import ModelPredictiveAgent
 from commgym.agents.oracle import BestStaticAgent, OracleStaticAgent
 from commgym.agents.oracle_adaptive import OracleAdaptiveAgent
 from commgym.agents.rollout_table import RolloutTableAgent
-from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent
+from commgym.agents.sb3 import A2CAgent, DQNAgent, PPOAgent, RecurrentPPOAgent
 
 __all__ = ["AGENTS", "agent_names", "load_agent", "make_agent"]
 
@@ -46,6 +46,7 @@ AGENTS: dict[str, type[Agent]] = {
         AccordionAgent,
         AdaCommAgent,
         PPOAgent,
+        RecurrentPPOAgent,
         A2CAgent,
         DQNAgent,
     )

@@ -1,4 +1,6 @@
-"""stable-baselines3 agents: PPO and A2C on the ``MultiDiscrete`` menu, DQN on its flattening.
+"""stable-baselines3 agents: PPO, RecurrentPPO and A2C on the menu, DQN on its flattening.
+
+PPO, sb3-contrib's RecurrentPPO and A2C act on the ``MultiDiscrete`` menu directly.
 
 SB3 (Raffin et al., "Stable-Baselines3: Reliable Reinforcement Learning
 Implementations", JMLR 2021) runs the env loop itself. Defaults are sized for the real
@@ -23,6 +25,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 import torch
+from sb3_contrib import RecurrentPPO
 from stable_baselines3 import A2C, DQN, PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
@@ -40,7 +43,7 @@ from commgym.agents.base import (
 from commgym.collectives.checks import check_int
 from commgym.env import FlattenAction
 
-__all__ = ["A2CAgent", "DQNAgent", "PPOAgent", "SB3Agent"]
+__all__ = ["A2CAgent", "DQNAgent", "PPOAgent", "RecurrentPPOAgent", "SB3Agent"]
 
 
 def _plain(value: Any) -> Any:
@@ -370,6 +373,167 @@ class SB3Agent(Agent):
         self._learned_once = True
         return self
 
+    def warm_start(
+        self,
+        expert: Any,
+        episodes: int,
+        *,
+        epochs: int = 30,
+        batch_size: int = 256,
+        learning_rate: float = 1e-3,
+        explore: float = 0.0,
+        callback: Any = None,
+    ) -> dict[str, float]:
+        """Behaviour-clone ``expert`` on the env this agent learns on, before RL.
+
+        Records ``episodes`` whole episodes of the expert through the algorithm's own
+        ``VecEnv`` (:func:`~commgym.agents.imitation.oracle_demonstrations`; its frame
+        stack and normaliser see them, so the normaliser's statistics start from the
+        expert's states) and fits the policy to them (:meth:`behaviour_clone`). The
+        normaliser's statistics are frozen afterwards (as :meth:`fine_tune` freezes them):
+        RL after the clone learns in the clone's input scale.
+
+        Args:
+            expert: ``expert(unwrapped env) -> action or None``, e.g.
+                :class:`~commgym.agents.imitation.SimScheduleExpert`.
+            episodes: expert episodes to record (int >= 1).
+            epochs: passes over the demonstrations (:meth:`behaviour_clone`).
+            batch_size: decisions per gradient step (:meth:`behaviour_clone`).
+            learning_rate: Adam's step size (:meth:`behaviour_clone`).
+            explore: probability of a random entry played in the expert's place, its
+                label still the expert's (noise injection, see
+                :func:`~commgym.agents.imitation.oracle_demonstrations`).
+            callback: called after each recorded episode.
+
+        Returns:
+            :meth:`behaviour_clone`'s figures plus ``episodes`` and ``skipped``.
+
+        Raises:
+            ValueError: the algorithm has no action log-likelihood (DQN), bad sizes.
+            TypeError: the expert cannot read this env (not the simulator).
+        """
+        from commgym.agents.imitation import oracle_demonstrations
+
+        self._check_clonable()
+        demos = oracle_demonstrations(
+            self.model.get_env(),
+            expert,
+            episodes,
+            gamma=self._gamma,
+            normalizer=self._norm,
+            explore=explore,
+            seed=0 if self.seed is None else int(self.seed),
+            callback=callback,
+        )
+        fit = self.behaviour_clone(
+            demos, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate
+        )
+        if self._norm is not None:
+            # what the clone learned is relative to these statistics: measured on
+            # flaky-link's simulator, letting them move on during 2,048 PPO decisions at
+            # learning rate 0 (one field's variance grew 67x as the sampling policy visited
+            # values the expert never did) turned the clone into a static policy
+            self._norm.training = False
+        # SB3 resets its env at the start of learn() only on its first call; the cloning
+        # episodes left it mid-episode, so learn() must start from a reset
+        self.model._last_obs = None
+        return {**fit, "episodes": float(demos.episodes), "skipped": float(demos.skipped)}
+
+    def _check_clonable(self) -> None:
+        from stable_baselines3.common.policies import ActorCriticPolicy
+
+        if not isinstance(self.model.policy, ActorCriticPolicy):
+            raise ValueError(
+                f"behaviour cloning fits an actor-critic policy's action likelihood (ppo, a2c); "
+                f"{type(self).__name__}'s {type(self.model.policy).__name__} has none"
+            )
+
+    def behaviour_clone(
+        self,
+        demos: Any,
+        *,
+        epochs: int = 30,
+        batch_size: int = 256,
+        learning_rate: float = 1e-3,
+        ent_weight: float = 1e-3,
+        vf_weight: float = 0.5,
+    ) -> dict[str, float]:
+        """Fit the policy to demonstrations (behaviour cloning) and the critic to their returns.
+
+        Loss per minibatch: ``-mean(log pi(a|s)) - ent_weight * mean(H(pi(.|s))) + vf_weight
+        * mean((V(s) - G)^2)``; the first two terms are the ``imitation`` library's BC loss
+        (Adam, its default learning rate 1e-3), the last fits the value head to the
+        demonstrations' discounted returns ``G`` so RL fine-tuning starts with a critic that
+        values the cloned policy. A fresh Adam optimiser; the algorithm's own is untouched.
+        Observations are scaled by the agent's normaliser as :meth:`predict` scales them.
+
+        Args:
+            demos: :class:`~commgym.agents.imitation.Demonstrations` (observations ``(n,
+                d)`` float32 unscaled, actions ``(n, 3)`` int64, returns ``(n,)``).
+            epochs: passes over the demonstrations (int >= 1).
+            batch_size: decisions per gradient step (int >= 1).
+            learning_rate: Adam's step size (> 0).
+            ent_weight: weight of the entropy bonus (>= 0).
+            vf_weight: weight of the value loss (>= 0).
+
+        Returns:
+            ``{"decisions", "nll", "accuracy", "value_mse"}`` on the demonstrations after
+            the last epoch; ``accuracy`` is the fraction of decisions whose deterministic
+            action (the mode of every dimension) is the expert's.
+
+        Raises:
+            ValueError: no demonstrations, bad sizes, a policy without an action likelihood.
+        """
+        self._check_clonable()
+        check_int("epochs", epochs, 1)
+        check_int("batch_size", batch_size, 1)
+        if not learning_rate > 0 or ent_weight < 0 or vf_weight < 0:
+            raise ValueError(
+                f"learning_rate must be > 0 and ent_weight, vf_weight >= 0; got "
+                f"{learning_rate!r}, {ent_weight!r}, {vf_weight!r}"
+            )
+        n = len(demos.actions)
+        if n == 0:
+            raise ValueError(
+                "no demonstrations to clone (every episode lacked the expert's advice)"
+            )
+        policy = self.model.policy
+        obs = torch.as_tensor(self._normalized(demos.observations), dtype=torch.float32)
+        acts = torch.as_tensor(demos.actions, dtype=torch.int64)
+        rets = torch.as_tensor(demos.returns, dtype=torch.float32)
+        opt = torch.optim.Adam(policy.parameters(), lr=float(learning_rate))
+        gen = torch.Generator().manual_seed(0 if self.seed is None else int(self.seed))
+        policy.set_training_mode(True)
+        for _ in range(int(epochs)):
+            for idx in torch.randperm(n, generator=gen).split(int(batch_size)):
+                values, logp, entropy = policy.evaluate_actions(obs[idx], acts[idx])
+                loss = -logp.mean() - ent_weight * entropy.mean()
+                loss = loss + vf_weight * torch.mean((values.flatten() - rets[idx]) ** 2)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        policy.set_training_mode(False)
+        with torch.no_grad():
+            values, logp, _ = policy.evaluate_actions(obs, acts)
+            mode = policy.get_distribution(obs).mode()
+        mode = mode.reshape(n, -1)
+        return {
+            "decisions": float(n),
+            "nll": float(-logp.mean()),
+            "accuracy": float((mode == acts).all(dim=1).float().mean()),
+            "value_mse": float(torch.mean((values.flatten() - rets) ** 2)),
+        }
+
+    def _rollout_buffer(self, n_steps: int) -> Any:
+        """An on-policy rollout buffer of ``n_steps`` decisions shaped as the algorithm's."""
+        from stable_baselines3.common.buffers import RolloutBuffer
+
+        m = self.model
+        return RolloutBuffer(
+            n_steps, m.observation_space, m.action_space, device=m.device, gamma=m.gamma,
+            gae_lambda=m.gae_lambda, n_envs=m.n_envs,
+        )  # fmt: skip
+
     def fine_tune(
         self,
         env: gym.Env,
@@ -402,7 +566,6 @@ class SB3Agent(Agent):
         check_int("rollout_steps", rollout_steps, 1)
         if episodes == 0:
             return 0
-        from stable_baselines3.common.buffers import RolloutBuffer
         from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 
         model = self.model
@@ -411,15 +574,7 @@ class SB3Agent(Agent):
         if isinstance(model, OnPolicyAlgorithm):
             saved = (model.n_steps, model.rollout_buffer)
             model.n_steps = int(rollout_steps)
-            model.rollout_buffer = RolloutBuffer(
-                model.n_steps,
-                model.observation_space,
-                model.action_space,
-                device=model.device,
-                gamma=model.gamma,
-                gae_lambda=model.gae_lambda,
-                n_envs=model.n_envs,
-            )
+            model.rollout_buffer = self._rollout_buffer(int(rollout_steps))
         count = {"episodes": 0, "decisions": 0}
 
         def stop_after(step: dict[str, Any]) -> bool:
@@ -590,6 +745,45 @@ class PPOAgent(SB3Agent):
     defaults: ClassVar[dict[str, Any]] = {
         "n_steps": 32, "batch_size": 32, "n_epochs": 4, "ent_coef": 0.01,
     }  # fmt: skip
+
+
+class RecurrentPPOAgent(SB3Agent):
+    """PPO with an LSTM policy and critic (sb3-contrib's ``RecurrentPPO``).
+
+    The recurrent alternative to PPO over a frame stack (``history``): the policy carries
+    what it learned of the link and the loss in its LSTM state instead of seeing the last
+    observations side by side (Aurora used a history, Pensieve a window of past chunks).
+    ``predict`` returns the LSTM state in ``state``; callers thread it and
+    ``episode_start`` (``rollout`` and ``CommScheduler`` do). SB3 docs: expect several
+    times fewer decisions per second than ``ppo`` (the LSTM runs per step and over whole
+    sequences in each update). Behaviour cloning (:meth:`warm_start`) does not apply: its
+    loss has no sequence state. Defaults: PPO's, with ``policy="MlpLstmPolicy"``.
+    """
+
+    name = "recurrent-ppo"
+    algo = RecurrentPPO
+    defaults: ClassVar[dict[str, Any]] = {
+        "policy": "MlpLstmPolicy", "n_steps": 32, "batch_size": 32, "n_epochs": 4,
+        "ent_coef": 0.01,
+    }  # fmt: skip
+
+    def _rollout_buffer(self, n_steps: int) -> Any:
+        """RecurrentPPO's buffer: it also keeps the LSTM states of every step."""
+        from sb3_contrib.common.recurrent.buffers import RecurrentRolloutBuffer
+
+        m = self.model
+        lstm = m.policy.lstm_actor
+        return RecurrentRolloutBuffer(
+            n_steps, m.observation_space, m.action_space,
+            (n_steps, lstm.num_layers, m.n_envs, lstm.hidden_size), m.device, gamma=m.gamma,
+            gae_lambda=m.gae_lambda, n_envs=m.n_envs,
+        )  # fmt: skip
+
+    def _check_clonable(self) -> None:
+        raise ValueError(
+            "behaviour cloning fits a feed-forward actor-critic's action likelihood (ppo, a2c); "
+            "recurrent-ppo's LSTM policy needs whole sequences and their states"
+        )
 
 
 class A2CAgent(SB3Agent):

@@ -488,8 +488,8 @@ LEADERBOARD_OPTIONS: tuple[str, ...] = (
 LEADERBOARD_OWN_OPTIONS = {
     "scenarios": CliField("Comma-separated scenario files or shipped names: {configs}."),
     "agents": CliField(
-        "Comma-separated agents: {agents}; SB3 agents (ppo, a2c, dqn) are trained first "
-        "by each scenario's recipe unless --policy-dir holds their policy."
+        "Comma-separated agents: {agents}; SB3 agents (ppo, recurrent-ppo, a2c, dqn) are "
+        "trained first by each scenario's recipe unless --policy-dir holds their policy."
     ),
     "seeds": CliField("Evaluation seeds per agent.", min=1),
     "policy_dir": CliField(

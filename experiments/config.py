@@ -79,6 +79,14 @@ class RunConfig:
             of :class:`~commgym.env.sim.randomize.RandomizedConditions`, e.g.
             ``{length_jitter: 0.4, rate_swap: 0.1}``; ``None``: the scenario's own schedule.
             Evaluation and the sim-to-real gap use the scenario as it is.
+        sim_warm_start: behaviour cloning before RL in the simulator (``env_kind="sim"``,
+            ``ppo`` or ``a2c``): ``{episodes: N, epochs: E}`` (optional ``batch_size``,
+            ``learning_rate``): N episodes of the simulator's reactive oracle
+            (:class:`~commgym.agents.imitation.SimScheduleExpert`, the best schedule a
+            player that sees a new link one decision late can follow) recorded on the
+            learning env and cloned (:meth:`~commgym.agents.sb3.SB3Agent.warm_start`),
+            then ``timesteps`` decisions of RL fine-tuning (0 allowed here: the clone as
+            it is); ``None``: RL from scratch.
         tuning_decisions: real decisions each tuning baseline (``bayesopt``, ``grid``,
             ``bandit``, ``accordion``, ``adacomm``, learning agents) spends tuning before
             it is evaluated; ``None``: as many as the learned agent saw on real ranks
@@ -121,6 +129,7 @@ class RunConfig:
     surrogate_decisions: int = 400
     calibration: str | None = None
     sim_randomize: dict[str, float] | None = None
+    sim_warm_start: dict[str, float] | None = None
     tuning_decisions: int | None = None
     fine_tune_episodes: int = 0
     baseline_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -134,6 +143,10 @@ class RunConfig:
         for name in ("timesteps", "episodes", "surrogate_decisions", "tuning_decisions"):
             v = getattr(self, name)
             if v is None and name == "tuning_decisions":
+                continue
+            if name == "timesteps" and self.sim_warm_start is not None:
+                # a cloned policy may be deployed as cloned: RL fine-tuning is optional
+                check_int(name, v, 0, note=" (0: the clone of sim_warm_start, no RL after it)")
                 continue
             check_int(name, v, 1)
         ft = self.fine_tune_episodes
@@ -188,6 +201,7 @@ class RunConfig:
         # resolved and validated once, here; the env is built from this very object
         self.env_config = EnvConfig(**self.env)
         self._check_sim_randomize()
+        self._check_sim_warm_start()
         from commgym.agents.autotune import OBJECTIVES
 
         for name in [self.agent, *self.baselines, *self.baseline_kwargs, *self.agent_kwargs]:
@@ -223,8 +237,9 @@ class RunConfig:
                 )
         if ft and not can_fine_tune(self.agent):
             raise ValueError(
-                f"fine_tune_episodes={ft} refines the policy of an SB3 agent (ppo, a2c, dqn); "
-                f"{self.agent!r} has no fine-tuning (--fine-tune-episodes 0)"
+                f"fine_tune_episodes={ft} refines the policy of an SB3 agent (ppo, "
+                f"recurrent-ppo, a2c, dqn); {self.agent!r} has no fine-tuning "
+                "(--fine-tune-episodes 0)"
             )
 
     @property
@@ -249,6 +264,37 @@ class RunConfig:
             raise ValueError(
                 "sim_randomize redraws a link schedule; this scenario's network is "
                 f"{kind!r} (give env.network a schedule, or drop sim_randomize)"
+            )
+
+    def _check_sim_warm_start(self) -> None:
+        w = self.sim_warm_start
+        if w is None:
+            return
+        known = {"episodes": 1, "epochs": 1, "batch_size": 1}
+        if (
+            not isinstance(w, dict)
+            or "episodes" not in w
+            or not set(w) <= {*known, "learning_rate"}
+        ):
+            raise ValueError(
+                "sim_warm_start must be a mapping with 'episodes' and optionally 'epochs', "
+                f"'batch_size', 'learning_rate', got {w!r}"
+            )
+        for name, low in known.items():
+            if name in w:
+                check_int(f"sim_warm_start.{name}", w[name], low)
+        lr = w.get("learning_rate", 1e-3)
+        if isinstance(lr, bool) or not isinstance(lr, int | float) or not lr > 0:
+            raise ValueError(f"sim_warm_start.learning_rate must be a number > 0, got {lr!r}")
+        if self.env_kind != "sim":
+            raise ValueError(
+                "sim_warm_start clones the simulator's oracle before RL; env_kind is "
+                f"{self.env_kind!r} (set env_kind: sim, or drop sim_warm_start)"
+            )
+        if not can_warm_start(self.agent):
+            raise ValueError(
+                "sim_warm_start clones into an actor-critic policy (agent "
+                f"{' or '.join(WARM_STARTABLE)}); agent is {self.agent!r} (drop sim_warm_start)"
             )
 
     def _check_executor(self) -> None:
@@ -321,6 +367,15 @@ def can_fine_tune(agent: str) -> bool:
     return cls is not None and hasattr(cls, "fine_tune")
 
 
+def can_warm_start(agent: str) -> bool:
+    """Whether ``agent`` can start as a clone of the simulator's oracle (``sim_warm_start``)."""
+    return agent.partition(":")[0] in WARM_STARTABLE
+
+
+#: Agents whose policy behaviour cloning fits (a feed-forward actor-critic's likelihood).
+WARM_STARTABLE = ("ppo", "a2c")
+
+
 @dataclass(frozen=True)
 class CliField:
     """How one config field is offered on the command line (see :data:`CLI_FIELDS`).
@@ -362,7 +417,9 @@ CLI_FIELDS: dict[str, CliField] = {
     "agent": CliField("Agent name: {agents}; or static:<menu entry>, e.g. static:int8/4MB/H1."),
     "env.workload": CliField("Workload: {workloads}."),
     "env.world_size": CliField("Number of ranks.", min=1),
-    "timesteps": CliField("Training decisions.", min=1),
+    "timesteps": CliField(
+        "Training decisions (0 only with sim_warm_start: the clone, no RL after it).", min=0
+    ),
     "env.network": CliField(
         "Emulated cluster network for every rank, a spec or profile, e.g. 100mbit, "
         "1gbit:200us, ethernet-1g, wan-100m (needs root or CAP_NET_ADMIN; default: loopback).",
@@ -582,4 +639,7 @@ def load_run_config(
     if "fine_tune_episodes" not in given and not can_fine_tune(str(data.get("agent", "ppo"))):
         # the scenario fine-tunes its SB3 agent; another agent has nothing to fine-tune
         data.pop("fine_tune_episodes", None)
+    if "sim_warm_start" not in given and not can_warm_start(str(data.get("agent", "ppo"))):
+        # the scenario clones into its actor-critic agent; another agent has no clone
+        data.pop("sim_warm_start", None)
     return RunConfig(**data)

@@ -195,7 +195,9 @@ def learn_agent(
         searches = agent.oracle or isinstance(agent, OracleStaticAgent)
         if searches:
             search_oracle(cfg.agent, agent, cost, real=surrogate is None)
-        else:
+        if cfg.sim_warm_start and not searches:
+            warm_start(cfg, agent, parent, prefix)
+        if not searches and cfg.timesteps:  # 0: a warm start's clone as it is
             with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
                 if vec_env is None:
                     agent.learn(cfg.timesteps, callback=lambda _: adv(1))
@@ -227,8 +229,8 @@ def learn_agent(
     if surrogate is not None and cfg.fine_tune_episodes:
         if not hasattr(agent, "fine_tune"):
             raise ValueError(
-                f"fine_tune_episodes={cfg.fine_tune_episodes} needs an SB3 agent (ppo, a2c, "
-                f"dqn); {cfg.agent!r} has no fine-tuning"
+                f"fine_tune_episodes={cfg.fine_tune_episodes} needs an SB3 agent (ppo, "
+                f"recurrent-ppo, a2c, dqn); {cfg.agent!r} has no fine-tuning"
             )
         ranks = executor.real_env(env, cfg.env_config)
         tuned = TrackingWrapper(ranks, parent, f"{prefix}fine_tune/", log_decisions=False)
@@ -252,6 +254,36 @@ def learn_agent(
     parent.log_artifact(policy)
     console.print(f"policy saved to [bold]{policy}[/bold]")
     return agent, cost, surrogate
+
+
+def warm_start(cfg: RunConfig, agent: Any, parent: Any, prefix: str = "") -> dict[str, float]:
+    """Clone the simulator's reactive oracle into ``agent`` before RL (``cfg.sim_warm_start``).
+
+    Records ``episodes`` episodes of :class:`~commgym.agents.imitation.SimScheduleExpert`
+    on the agent's own learning env, fits the policy to them
+    (:meth:`~commgym.agents.sb3.SB3Agent.warm_start`), prints and logs the fit
+    (``train/bc_*`` metrics).
+
+    Returns:
+        The fit's figures (decisions, nll, accuracy, value_mse, episodes, skipped).
+    """
+    from commgym.agents.imitation import SimScheduleExpert
+
+    w = dict(cfg.sim_warm_start or {})
+    n = int(w.pop("episodes"))
+    expert = SimScheduleExpert()
+    t0 = time.perf_counter()
+    with phase("cloning the simulator's reactive oracle", n, unit="episodes") as adv:
+        fit = agent.warm_start(expert, n, callback=lambda: adv(1), **w)
+    fit["clone_s"] = time.perf_counter() - t0
+    parent.log_metrics({f"{prefix}train/bc_{k}": float(v) for k, v in fit.items()}, step=0)
+    console.print(
+        f"cloned {int(fit['decisions'])} decisions of {n} oracle episodes in "
+        f"{fit['clone_s']:.1f} s: the clone plays the oracle's action on "
+        f"{fit['accuracy']:.1%} of them"
+        + (f" ({expert.missed} episodes no schedule finishes)" if expert.missed else "")
+    )
+    return fit
 
 
 def check_calibration(cfg: RunConfig) -> None:

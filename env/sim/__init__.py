@@ -39,6 +39,7 @@ from commgym.env.sim.model import DecisionTiming, SimModel
 from commgym.env.sim.planner import (
     EntryTimes,
     adaptive_times,
+    best_schedule,
     best_schedule_time,
     episode_seed_of,
     headroom,
@@ -66,6 +67,7 @@ __all__ = [
     "SimModel",
     "WireModel",
     "adaptive_times",
+    "best_schedule",
     "best_schedule_time",
     "condition_label",
     "episode_conditions",

@@ -20,6 +20,12 @@ drawn from them as the envs draw it).
   or fixed: the contextual oracle, the best entry per drawn condition by its mean over that
   condition's seeds. (The real oracle-adaptive is greedy over phases, so it can only be
   slower than this optimum.)
+* :func:`best_schedule`: that dynamic programme's schedule itself, and with
+  ``reaction_lag=1`` the best schedule of a *reactive* player: the first decision that starts
+  in a new link phase keeps the previous entry, because a policy learns of a new link only
+  from the observation after a decision on it. The anticipating optimum is the headroom's
+  bound; the reactive one is what a policy that reads the link (and knows everything else)
+  can reach, and the expert behaviour cloning imitates (:mod:`commgym.agents.imitation`).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from commgym.env.sim.model import SimModel
 __all__ = [
     "EntryTimes",
     "adaptive_times",
+    "best_schedule",
     "best_schedule_time",
     "episode_seed_of",
     "headroom",
@@ -90,10 +97,19 @@ class EntryTimes:
 class _Run:
     """Conditions and constants of one episode seed."""
 
-    def __init__(self, model: SimModel, cfg: Any, reset_seed: int, probe_bytes: int) -> None:
+    def __init__(
+        self,
+        model: SimModel,
+        cfg: Any,
+        reset_seed: int | None,
+        probe_bytes: int,
+        episode_seed: int | None = None,
+    ) -> None:
         self.model = model
         self.cfg = cfg
-        schedule, _, _ = episode_conditions(cfg, episode_seed_of(reset_seed))
+        if episode_seed is None:
+            episode_seed = episode_seed_of(int(reset_seed))  # type: ignore[arg-type]
+        schedule, _, _ = episode_conditions(cfg, episode_seed)
         self.schedule = schedule
         self.starts = [0.0] if schedule is None else [float(t) for t, _ in schedule]
         self.rates = [None] if schedule is None else [s.rate_bit_s for _, s in schedule]
@@ -121,6 +137,7 @@ def simulate(
     reset_seed: int,
     schedule: Sequence[tuple[float, int]],
     probe_bytes: int = 0,
+    reaction_lag: int = 0,
 ) -> tuple[float | None, float, float]:
     """One simulated episode of a piecewise-constant schedule of flat entries.
 
@@ -130,15 +147,21 @@ def simulate(
         reset_seed: the ``env.reset`` seed.
         schedule: ``(start_s, flat entry)`` pairs from 0 s (a static entry: one pair).
         probe_bytes: the probe each decision runs (0: a probe-free player).
+        reaction_lag: 1: the first decision starting in a new link phase keeps the
+            previous decision's entry (:func:`best_schedule`'s rule); 0: it does not.
 
     Returns:
         ``(time to target or None, final held-out loss, final training time)``.
     """
     run = _Run(model, cfg, reset_seed, probe_bytes)
     starts = [s for s, _ in schedule]
-    t, loss, prev = 0.0, model.progress.initial_loss, -1
+    t, loss, prev, prev_phase = 0.0, model.progress.initial_loss, -1, 0
     while True:
         k = schedule[int(np.searchsorted(starts, t, side="right")) - 1][1]
+        phase = run.phase(t)
+        if reaction_lag and prev >= 0 and phase != prev_phase:
+            k = prev
+        prev_phase = phase
         t, loss = run.decision(k, prev, loss, t)
         prev = k
         if loss <= run.target:
@@ -165,13 +188,13 @@ def static_ranking(
     return sorted(rows, key=EntryTimes.rank_key)
 
 
-def _front(states: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
-    out: list[tuple[float, float, int]] = []
-    by_prev: dict[int, list[tuple[float, float, int]]] = {}
+def _front(states: list[tuple[float, float, int, tuple]]) -> list[tuple[float, float, int, tuple]]:
+    out: list[tuple[float, float, int, tuple]] = []
+    by_prev: dict[int, list[tuple[float, float, int, tuple]]] = {}
     for s in states:
         by_prev.setdefault(s[2], []).append(s)
     for group in by_prev.values():
-        group.sort()
+        group.sort(key=lambda s: (s[0], s[1]))
         best = math.inf
         kept = []
         for s in group:
@@ -182,35 +205,101 @@ def _front(states: list[tuple[float, float, int]]) -> list[tuple[float, float, i
     return out
 
 
-def best_schedule_time(
-    model: SimModel, cfg: Any, reset_seed: int, probe_bytes: int = 0
-) -> float | None:
-    """The best one-entry-per-phase schedule's time to target on one seed (DP; None: missed)."""
-    run = _Run(model, cfg, reset_seed, probe_bytes)
+def best_schedule(
+    model: SimModel,
+    cfg: Any,
+    reset_seed: int | None = None,
+    probe_bytes: int = 0,
+    *,
+    episode_seed: int | None = None,
+    reaction_lag: int = 0,
+) -> tuple[float | None, list[tuple[float, int]]]:
+    """The best one-entry-per-phase schedule on one episode (the dynamic programme).
+
+    Exact for the simulator's deterministic dynamics (module docstring): the states at each
+    phase boundary are kept on a Pareto front of (training time, loss) per last entry, each
+    with the schedule that reached it.
+
+    Args:
+        model: the dynamics.
+        cfg: the env config (conditions, budget, target).
+        reset_seed: the ``env.reset`` seed (the episode seed is drawn from it as the envs
+            draw it); or give ``episode_seed`` itself (an env already reset).
+        probe_bytes: the probe each decision runs (0: a probe-free player).
+        episode_seed: the episode seed, instead of ``reset_seed``.
+        reaction_lag: 0: each phase's entry applies from the phase's first decision (the
+            oracle knows when the link switches); 1: the first decision that starts in a
+            new phase still plays the previous phase's entry, as a policy that sees the link
+            only through the decisions it played must (the observation after a decision
+            reports that decision's link): the best schedule of a causal, reactive player
+            with perfect knowledge of everything else.
+
+    Returns:
+        ``(time to target or None, schedule)``: the schedule as ``(phase start_s, flat
+        entry)`` pairs, one per phase the episode reached, which :func:`simulate` replays
+        to the same time; an episode that misses the target under every schedule gives
+        ``(None, [])``.
+
+    Raises:
+        ValueError: neither or both of ``reset_seed`` and ``episode_seed``; a
+            ``reaction_lag`` other than 0 or 1.
+    """
+    if reaction_lag not in (0, 1):
+        raise ValueError(f"reaction_lag must be 0 or 1 (decisions), got {reaction_lag!r}")
+    if (reset_seed is None) == (episode_seed is None):
+        raise ValueError(
+            f"give one of reset_seed and episode_seed, got reset_seed={reset_seed!r}, "
+            f"episode_seed={episode_seed!r}"
+        )
+    run = _Run(model, cfg, reset_seed, probe_bytes, episode_seed)
     n = len(run.starts)
-    states: dict[int, list[tuple[float, float, int]]] = {
-        0: [(0.0, model.progress.initial_loss, -1)]
+    states: dict[int, list[tuple[float, float, int, tuple]]] = {
+        0: [(0.0, model.progress.initial_loss, -1, ())]
     }
-    best = math.inf
+    best, plan = math.inf, ()
     for i in range(n):
         end = run.starts[i + 1] if i + 1 < n else math.inf
-        for t0, l0, p0 in _front(states.pop(i, [])):
-            if t0 >= best:
+        for t_in, l_in, p0, sched in _front(states.pop(i, [])):
+            if t_in >= best:
                 continue
+            t0, l0 = t_in, l_in
+            if reaction_lag and p0 >= 0:
+                # the phase's first decision: the player has not seen the new link yet
+                t0, l0 = run.decision(p0, p0, l_in, t_in)
+                if l0 <= run.target:
+                    if t0 < best:
+                        best, plan = t0, sched
+                    continue
+                if t0 >= run.budget or t0 >= best:
+                    continue
+                if t0 >= end:
+                    states.setdefault(run.phase(t0), []).append((t0, l0, p0, sched))
+                    continue
             for k in range(len(model.entries)):
                 t, loss, prev = t0, l0, p0
+                here = (*sched, (run.starts[i], k))
                 while True:
                     t, loss = run.decision(k, prev, loss, t)
                     prev = k
                     if loss <= run.target:
-                        best = min(best, t)
+                        if t < best:
+                            best, plan = t, here
                         break
                     if t >= run.budget or t >= best:
                         break
                     if t >= end:
-                        states.setdefault(run.phase(t), []).append((t, loss, k))
+                        states.setdefault(run.phase(t), []).append((t, loss, k, here))
                         break
-    return None if not math.isfinite(best) else best
+    if not math.isfinite(best):
+        return None, []
+    return best, list(plan)
+
+
+def best_schedule_time(
+    model: SimModel, cfg: Any, reset_seed: int, probe_bytes: int = 0
+) -> float | None:
+    """The best one-entry-per-phase schedule's time to target on one seed (DP; None: missed)."""
+    return best_schedule(model, cfg, reset_seed, probe_bytes)[0]
 
 
 def adaptive_times(

@@ -47,6 +47,7 @@ CASES = {
     "accordion": ({}, 5),
     "adacomm": ({}, 5),
     "ppo": ({"seed": 0, "n_steps": 16, "batch_size": 16}, 32),
+    "recurrent-ppo": ({"seed": 0, "n_steps": 16, "batch_size": 16}, 32),
     "a2c": ({"seed": 0}, 16),
     "dqn": ({"seed": 0, "learning_starts": 8}, 32),
 }
@@ -71,7 +72,8 @@ def _observations(env: gym.Env, n: int = 12) -> list[np.ndarray]:
 def test_registry_names_and_unknown_name():
     assert set(AGENTS) == {
         "static", "random", "grid", "bayesopt", "autotune", "oracle-static", "bandit",
-        "accordion", "adacomm", "ppo", "a2c", "dqn", "oracle-adaptive", "rollout-table",
+        "accordion", "adacomm", "ppo", "recurrent-ppo", "a2c", "dqn", "oracle-adaptive",
+        "rollout-table",
         "best-static", "mpc",
     }  # fmt: skip
     for name, cls in AGENTS.items():
@@ -335,7 +337,7 @@ def test_adacomm_period_follows_loss():
 
 
 # -- SB3 ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["ppo", "a2c", "dqn"])
+@pytest.mark.parametrize("name", ["ppo", "recurrent-ppo", "a2c", "dqn"])
 def test_sb3_agents_learn_a_few_hundred_steps(name):
     env = TableEnv()
     agent = make_agent(name, env, seed=0)

@@ -14,7 +14,7 @@ def _params(agent) -> torch.Tensor:
     return torch.cat([p.detach().flatten().clone() for p in agent.model.policy.parameters()])
 
 
-@pytest.mark.parametrize("name", ["ppo", "a2c"])
+@pytest.mark.parametrize("name", ["ppo", "recurrent-ppo", "a2c"])
 def test_fine_tune_runs_whole_episodes_and_updates_weights(name):
     learn_env, real_env = TableEnv(episode_len=10), TableEnv(episode_len=10, best=(0, 0, 0))
     agent = make_agent(name, learn_env, seed=0, n_steps=64)

@@ -257,6 +257,13 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         "tests/experiments/test_train_sim.py, the file loads in tests/experiments/"
         "test_config.py::test_every_agent_resolves_in_every_shipped_scenario"
     ),
+    "commgym train --config flaky-link-bc": NotInCI(
+        "the calibration's real ranks, a minute of cloning and 50,000 simulated PPO decisions, "
+        "then the real evaluation; the warm start's path (sim_warm_start through learn_agent) "
+        "runs in tests/experiments/test_train_sim.py::"
+        "test_sim_warm_start_clones_the_reactive_oracle_before_rl, the cloning itself in "
+        "tests/agents/test_imitation.py"
+    ),
     "commgym calibrate-sim --config flaky-link": NotInCI(
         "4 real ranks for about 4 minutes; the same calibrate_sim on a tiny setting is the "
         "session fixture tiny_calibration (tests/conftest.py), the command's record option is "

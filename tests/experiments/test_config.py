@@ -101,6 +101,8 @@ def test_every_agent_resolves_in_every_shipped_scenario(scenario):
         assert agent.name == name.split(":", 1)[0]
         # the scenario's fine-tuning is its SB3 agent's: another agent gets none
         assert cfg.fine_tune_episodes == 0 or can_fine_tune(name), (scenario, name)
+        # and its warm start is its actor-critic agent's
+        assert cfg.sim_warm_start is None or name in ("ppo", "a2c"), (scenario, name)
 
 
 def test_flat_agent_kwargs_belong_to_the_files_own_agent(tmp_path):

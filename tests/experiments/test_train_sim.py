@@ -146,3 +146,44 @@ def test_sim_randomize_redraws_the_link_trace_while_learning(tmp_path, monkeypat
         RunConfig(env_kind="sim", sim_randomize={"length_jitter": 0.4})
     with pytest.raises(ValueError, match="env_kind is 'real'"):
         RunConfig(env=cfg.env, sim_randomize={"length_jitter": 0.4})
+
+
+def test_sim_warm_start_clones_the_reactive_oracle_before_rl(tmp_path, capsys):
+    """``sim_warm_start``: the oracle's episodes are cloned on the randomised learning env,
+    then RL runs its ``timesteps``; the fit is printed and logged. The fixture calibration of
+    tests/env/test_sim.py stands in for a real one: no rank runs here."""
+    from mlflow import MlflowClient
+
+    from commgym.experiments.config import RunConfig
+    from commgym.experiments.tracking import Tracker
+    from commgym.experiments.train import learn_agent
+    from tests.env.test_sim import _calibration, _env_cfg
+
+    # a schedule whose target the fixture's curves reach (the oracle has advice)
+    flaky = {"schedule": [[0, "10gbit"], [4, "10mbit"], [6.4, "10gbit"]], "shift_s": 0.5}
+    _calibration().save(tmp_path / "cal.json")
+    kwargs = {"n_steps": 16, "batch_size": 16, "n_epochs": 1, "probe": False, "history": 2}
+    cfg = RunConfig(
+        agent="ppo", agent_kwargs={"ppo": kwargs}, timesteps=32,
+        env=_env_cfg(network=flaky, probe_bytes=65536).to_dict(), env_kind="sim",
+        calibration=str(tmp_path / "cal.json"), baselines=[], output_dir=str(tmp_path / "out"),
+        sim_randomize={"length_jitter": 0.3}, sim_warm_start={"episodes": 3, "epochs": 5},
+    )  # fmt: skip
+    (tmp_path / "out").mkdir()
+    uri = f"sqlite:///{tmp_path}/m.db"
+    with Tracker(uri, experiment="x").start_run("t") as run:
+        agent, _, _ = learn_agent(cfg, None, run, tmp_path / "out")
+        run_id = run.run_id
+    out = capsys.readouterr().out
+    assert "cloned" in out and "of 3 oracle episodes" in out and "training ppo" in out
+    assert agent.model.num_timesteps >= 32  # RL ran after the clone
+    metrics = MlflowClient(tracking_uri=uri).get_run(run_id).data.metrics
+    assert metrics["train/bc_episodes"] == 3 and 0 <= metrics["train/bc_accuracy"] <= 1
+    with pytest.raises(ValueError, match="env_kind is 'real'"):
+        RunConfig(env=cfg.env, sim_warm_start={"episodes": 3})
+    with pytest.raises(ValueError, match="agent ppo or a2c"):
+        RunConfig(agent="dqn", env_kind="sim", sim_warm_start={"episodes": 3})
+    with pytest.raises(ValueError, match="'episodes'"):
+        RunConfig(env_kind="sim", sim_warm_start={"epochs": 3})
+    with pytest.raises(ValueError, match=r"sim_warm_start\.episodes"):
+        RunConfig(env_kind="sim", sim_warm_start={"episodes": 0})

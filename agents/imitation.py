@@ -1,0 +1,237 @@
+"""Behaviour cloning of the simulator's oracle, the warm start of an RL agent.
+
+Imitating an oracle first is far more sample-efficient than RL from scratch (Comyco, Huang
+et al., ACM MM 2019; MLGO, Trofin et al. 2021, whose behaviour cloning beat its PPO);
+recent adaptive-bitrate work clones an oracle and then fine-tunes with RL. In
+``commgym/Sim-v1`` the oracle is exact and cheap: the dynamic programme of
+:func:`~commgym.env.sim.planner.best_schedule` (``oracle-adaptive`` run inside the
+simulator, milliseconds an episode) gives the best one-entry-per-phase schedule of the
+running episode, and :class:`SimScheduleExpert` plays it decision by decision.
+
+:func:`oracle_demonstrations` rolls the expert out through the very ``VecEnv`` the SB3
+algorithm learns on (its frame stack and normaliser included), so the recorded observations
+are the ones the policy will see; :meth:`~commgym.agents.sb3.SB3Agent.behaviour_clone` then
+fits the policy to the expert's actions (negative log-likelihood plus a small entropy bonus,
+the loss of the ``imitation`` library's ``BC``; that library pins gymnasium ~0.29 and
+stable-baselines3 ~2.2, below this project's, so the loop is ours) and the value head to
+the demonstrations' discounted returns, so that RL fine-tuning starts from a critic that
+knows the cloned policy's values instead of tearing the policy down while its critic learns.
+
+The expert reads the simulator's state (the episode's link schedule, seed and clock): it
+exists only in the simulator; on real ranks the same schedules are what
+``oracle-adaptive``'s search finds, at real cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Demonstrations", "SimScheduleExpert", "oracle_demonstrations"]
+
+
+class SimScheduleExpert:
+    """``oracle-adaptive`` inside ``commgym/Sim-v1``: the best schedule of the running episode.
+
+    At each decision it plays the entry that :func:`~commgym.env.sim.planner.best_schedule`
+    gives for the phase the decision starts in, the schedule computed (once per episode) on
+    the episode's own conditions: its episode seed, its config (a
+    :class:`~commgym.env.sim.randomize.RandomizedConditions` redraw included) and its probe.
+    Where no schedule reaches the target within the budget it has no advice (``None``).
+
+    The default ``reaction_lag=1`` is the expert a reactive policy can follow: the first
+    decision in a new link phase keeps the previous entry, because the policy learns of the
+    new link only from that decision's observation. Cloning the anticipating schedule
+    (``reaction_lag=0``) teaches entries that are best only when the switch is known in
+    advance: on flaky-link's calibration of 2026-12-05 the clone played ``none/H1`` into the
+    10 Mbit/s phase (one decision ~24 s) and missed the target on every seed.
+
+    Args:
+        reaction_lag: decisions before the expert acts on a new link (0 or 1).
+
+    Attributes:
+        episodes: episodes planned so far.
+        missed: of them, episodes where no schedule reaches the target.
+
+    Raises:
+        ValueError: ``reaction_lag`` other than 0 or 1.
+    """
+
+    def __init__(self, reaction_lag: int = 1) -> None:
+        if reaction_lag not in (0, 1):
+            raise ValueError(f"reaction_lag must be 0 or 1 (decisions), got {reaction_lag!r}")
+        self.reaction_lag = reaction_lag
+        self._key: tuple[Any, ...] | None = None
+        self._plan: list[tuple[float, int]] = []
+        self._prev: tuple[int, int] | None = None  # (phase, flat entry) of the last decision
+        self.episodes = 0
+        self.missed = 0
+
+    def __call__(self, env: Any) -> np.ndarray | None:
+        """The expert's ``MultiDiscrete`` action ``(3,)`` int64 for ``env``'s next decision.
+
+        Args:
+            env: a :class:`~commgym.env.sim.SimEnv` (unwrapped), reset and not ended.
+
+        Returns:
+            The menu indices, or ``None`` where the episode cannot reach its target.
+
+        Raises:
+            TypeError: ``env`` is not the simulator.
+        """
+        from commgym.env.sim import SimEnv, best_schedule
+
+        if not isinstance(env, SimEnv):
+            raise TypeError(
+                f"the schedule expert reads the simulator's state; got {type(env).__name__} "
+                "(behaviour cloning runs in commgym/Sim-v1: env_kind: sim)"
+            )
+        cfg = env.config
+        key = (env._episode_seed, repr(cfg.network), env._probe_bytes)
+        if key != self._key or env._decisions == 0:
+            _, self._plan = best_schedule(
+                env.model,
+                cfg,
+                probe_bytes=env._probe_bytes,
+                episode_seed=env._episode_seed,
+                reaction_lag=self.reaction_lag,
+            )
+            self._key = key
+            self._prev = None
+            self.episodes += 1
+            self.missed += not self._plan
+        if not self._plan:
+            return None
+        t = env._train_time_s
+        starts = [0.0] if env._schedule is None else [float(s) for s, _ in env._schedule]
+        phase = int(np.searchsorted(starts, max(t, 0.0), side="right")) - 1
+        k = self._plan[0][1]
+        for start, entry in self._plan:
+            if start <= t:
+                k = entry
+        if self.reaction_lag and self._prev is not None and phase != self._prev[0]:
+            k = self._prev[1]  # the link changed under the last decision: not seen yet
+        self._prev = (phase, k)
+        return np.asarray(np.unravel_index(k, tuple(env.menu.nvec)), dtype=np.int64)
+
+
+@dataclass
+class Demonstrations:
+    """Decisions an expert played, as the learner sees them.
+
+    Attributes:
+        observations: ``(n, d)`` float32, as the algorithm's ``VecEnv`` returns them, except
+            that a normaliser's scaling is not applied (the learner's statistics at cloning
+            time are).
+        actions: ``(n, 3)`` int64 menu indices.
+        returns: ``(n,)`` float32 discounted return from each decision to the end of its
+            episode, in the rewards the algorithm learns from (normalised where it
+            normalises them).
+        episodes: whole episodes recorded.
+        skipped: decisions played without advice (an episode no schedule can finish; they
+            are not recorded).
+    """
+
+    observations: np.ndarray
+    actions: np.ndarray
+    returns: np.ndarray
+    episodes: int
+    skipped: int
+
+
+def oracle_demonstrations(
+    venv: Any,
+    expert: Callable[[Any], np.ndarray | None],
+    episodes: int,
+    *,
+    gamma: float,
+    normalizer: Any = None,
+    explore: float = 0.0,
+    seed: int = 0,
+    callback: Callable[[], None] | None = None,
+) -> Demonstrations:
+    """Roll ``expert`` out on ``venv`` for ``episodes`` whole episodes and record it.
+
+    Args:
+        venv: the SB3 ``VecEnv`` the algorithm learns on, over in-process envs (a
+            ``DummyVecEnv``, possibly stacked and normalised); stepping it advances the
+            algorithm's own env (it is reset first).
+        expert: ``expert(unwrapped env) -> action or None`` (:class:`SimScheduleExpert`).
+        episodes: whole episodes to record (int >= 1).
+        gamma: discount of the returns (the algorithm's).
+        normalizer: the ``VecNormalize`` in ``venv``, if any: observations are recorded
+            before its scaling (:meth:`get_original_obs`).
+        explore: probability, per decision, of playing a uniformly drawn menu entry
+            instead of the expert's while still recording the expert's action as the label
+            (DART's noise injection, Laskey et al., CoRL 2017): the demonstrations then
+            cover the states a learner's own mistakes lead to, and the normaliser's
+            statistics the observation fields that the expert alone never varies.
+        seed: seed of the exploration's draws.
+        callback: called after each finished episode (a progress bar's advance).
+
+    Returns:
+        The recorded :class:`Demonstrations`; episodes of which no decision had advice
+        still count towards ``episodes``.
+
+    Raises:
+        ValueError: ``episodes`` < 1; ``explore`` outside ``[0, 1)``.
+    """
+    from commgym.collectives.checks import check_int
+
+    check_int("episodes", episodes, 1)
+    if not 0.0 <= float(explore) < 1.0:
+        raise ValueError(f"explore must be a probability in [0, 1), got {explore!r}")
+    n = venv.num_envs
+    envs = venv.get_attr("unwrapped")
+    obs = venv.reset()
+    raw = normalizer.get_original_obs() if normalizer is not None else obs
+    trails: list[list[tuple[np.ndarray, np.ndarray, float]]] = [[] for _ in range(n)]
+    out_obs: list[np.ndarray] = []
+    out_act: list[np.ndarray] = []
+    out_ret: list[float] = []
+    done_eps = skipped = 0
+    rng = np.random.default_rng(seed)
+    while done_eps < episodes:
+        actions = np.zeros((n, 3), dtype=np.int64)
+        played = np.zeros((n, 3), dtype=np.int64)
+        advised = []
+        for i, env in enumerate(envs):
+            a = expert(env)
+            advised.append(a is not None)
+            drawn = [int(rng.integers(v)) for v in env.menu.nvec]
+            # no schedule finishes this episode: any action ends it at the budget
+            actions[i] = a if a is not None else drawn
+            played[i] = drawn if a is None or rng.random() < explore else actions[i]
+        obs_before = np.asarray(raw, dtype=np.float32)
+        obs, rewards, dones, _ = venv.step(played)
+        raw = normalizer.get_original_obs() if normalizer is not None else obs
+        for i in range(n):
+            if advised[i]:
+                trails[i].append((obs_before[i].copy(), actions[i].copy(), float(rewards[i])))
+            else:
+                skipped += 1
+            if dones[i]:
+                ret = 0.0
+                rows = []
+                for o, a, r in reversed(trails[i]):
+                    ret = r + gamma * ret
+                    rows.append((o, a, ret))
+                for o, a, r in reversed(rows):
+                    out_obs.append(o)
+                    out_act.append(a)
+                    out_ret.append(r)
+                trails[i] = []
+                done_eps += 1
+                if callback is not None:
+                    callback()
+    d = int(np.prod(venv.observation_space.shape))
+    return Demonstrations(
+        observations=np.asarray(out_obs, dtype=np.float32).reshape(-1, d),
+        actions=np.asarray(out_act, dtype=np.int64).reshape(-1, 3),
+        returns=np.asarray(out_ret, dtype=np.float32),
+        episodes=done_eps,
+        skipped=skipped,
+    )

@@ -1,0 +1,126 @@
+"""Behaviour cloning of the simulator's oracle (commgym.agents.imitation, SB3Agent.warm_start).
+
+On the simulator of tests/env/test_sim.py (a two-phase link schedule, a synthetic
+calibration): the expert replays the dynamic programme's schedule in the env to its time,
+a warm-started PPO plays the expert's actions, and what cannot be cloned is refused.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from commgym.agents import DQNAgent, PPOAgent
+from commgym.agents.imitation import SimScheduleExpert, oracle_demonstrations
+from commgym.agents.rollout import rollout
+from commgym.env.sim import SimEnv, best_schedule, simulate
+from tests.env.test_sim import _calibration, _env_cfg
+
+SCHEDULE = {"schedule": [[0, "10gbit"], [4, "10mbit"], [6.4, "10gbit"]], "shift_s": 0.5}
+
+
+def _env() -> SimEnv:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 10 Gbit/s is interpolated in this calibration
+        return SimEnv(_calibration(), _env_cfg(network=SCHEDULE))
+
+
+def _play(env: SimEnv, expert: SimScheduleExpert, seed: int) -> tuple[float, list[int]]:
+    env.reset(seed=seed, options={"probe": False})
+    played = []
+    while True:
+        a = expert(env)
+        assert a is not None
+        played.append(int(np.ravel_multi_index(tuple(a), tuple(env.menu.nvec))))
+        _, _, term, trunc, info = env.step(a)
+        if term or trunc:
+            return info["train_time_s"], played
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_the_expert_plays_the_best_schedule_to_its_time(lag):
+    env = _env()
+    for seed in (1000, 1001):
+        t, played = _play(env, SimScheduleExpert(lag), seed)
+        best, plan = best_schedule(env.model, env.config, seed, reaction_lag=lag)
+        assert best is not None and t == pytest.approx(best, rel=1e-12)
+        assert simulate(env.model, env.config, seed, plan, reaction_lag=lag)[0] == pytest.approx(
+            best, rel=1e-12
+        )
+        assert played[0] == plan[0][1]
+
+
+def test_the_reactive_schedule_is_never_faster_than_the_anticipating_one():
+    env = _env()
+    for seed in range(1000, 1006):
+        t0, _ = best_schedule(env.model, env.config, seed)
+        t1, plan1 = best_schedule(env.model, env.config, seed, reaction_lag=1)
+        assert t0 is not None and t1 is not None and t1 >= t0 - 1e-12
+        # each entry the reactive schedule picks is the one of the phase it starts in
+        assert [s for s, _ in plan1] == sorted(s for s, _ in plan1)
+
+
+def test_warm_start_clones_the_expert_into_ppo_and_its_critic():
+    env = _env()
+    agent = PPOAgent(
+        env, seed=0, n_steps=64, batch_size=32, n_epochs=1, history=2, normalize=True,
+        probe=False,
+    )  # fmt: skip
+    expert = SimScheduleExpert()
+    fit = agent.warm_start(expert, 12, epochs=60, batch_size=64)
+    assert fit["episodes"] == 12 and fit["skipped"] == 0 and expert.missed == 0
+    assert fit["accuracy"] >= 0.9, fit
+    # the clone, acting alone on a training episode, plays what the expert plays
+    ep = rollout(env, agent, 1000, target_loss=env.config.target_loss)
+    _, expert_played = _play(env, SimScheduleExpert(), 1000)
+    cloned = [st.config for st in ep.steps]
+    want = [env.model.entries[k] for k in expert_played]
+    n = min(len(cloned), len(want))
+    agree = np.mean([a == b for a, b in zip(cloned[:n], want[:n], strict=True)])
+    assert agree >= 0.8, (cloned, want)
+    # RL continues from the clone (learn resets the env it left mid-episode) in the clone's
+    # input scale: the normaliser's statistics are frozen
+    mean = agent._norm.obs_rms.mean.copy()
+    agent.learn(64)
+    assert agent.model.num_timesteps >= 64
+    np.testing.assert_array_equal(agent._norm.obs_rms.mean, mean)
+
+
+def test_demonstrations_carry_discounted_returns_per_episode():
+    env = _env()
+    agent = PPOAgent(env, seed=0, n_steps=64, batch_size=32, probe=False)
+    demos = oracle_demonstrations(agent.model.get_env(), SimScheduleExpert(), 2, gamma=0.5)
+    assert demos.episodes == 2 and len(demos.actions) == len(demos.returns)
+    assert demos.observations.shape == (len(demos.actions), env.observation_space.shape[0])
+    # time_to_target rewards are negative training times: every return is negative, and the
+    # last decision of an episode returns its own reward only
+    assert (demos.returns < 0).all()
+    # noise injection: random entries played, the expert's actions still the labels
+    expert, advice = SimScheduleExpert(), []
+
+    def advising(env):
+        a = expert(env)
+        advice.append(tuple(a))
+        return a
+
+    venv = agent.model.get_env()
+    noisy = oracle_demonstrations(venv, advising, 3, gamma=0.5, explore=0.5, seed=3)
+    assert [tuple(a) for a in noisy.actions] == advice  # labels: the expert's, every one
+    with pytest.raises(ValueError, match="explore"):
+        oracle_demonstrations(agent.model.get_env(), SimScheduleExpert(), 1, gamma=0.5, explore=1.0)
+
+
+def test_what_cannot_be_cloned_is_refused():
+    env = _env()
+    with pytest.raises(ValueError, match="actor-critic"):
+        DQNAgent(env, seed=0).warm_start(SimScheduleExpert(), 1)
+    with pytest.raises(TypeError, match="simulator"):
+        SimScheduleExpert()(object())
+    with pytest.raises(ValueError, match="reaction_lag"):
+        SimScheduleExpert(2)
+    with pytest.raises(ValueError, match="episodes"):
+        PPOAgent(env, seed=0, n_steps=64, batch_size=32).warm_start(SimScheduleExpert(), 0)
+    with pytest.raises(ValueError, match="one of reset_seed and episode_seed"):
+        best_schedule(env.model, env.config, 1000, episode_seed=5)
