@@ -296,10 +296,10 @@ def best_schedule(
 
 
 def best_schedule_time(
-    model: SimModel, cfg: Any, reset_seed: int, probe_bytes: int = 0
+    model: SimModel, cfg: Any, reset_seed: int, probe_bytes: int = 0, reaction_lag: int = 0
 ) -> float | None:
     """The best one-entry-per-phase schedule's time to target on one seed (DP; None: missed)."""
-    return best_schedule(model, cfg, reset_seed, probe_bytes)[0]
+    return best_schedule(model, cfg, reset_seed, probe_bytes, reaction_lag=reaction_lag)[0]
 
 
 def adaptive_times(
@@ -308,6 +308,7 @@ def adaptive_times(
     seeds: Sequence[int],
     ranking: Sequence[EntryTimes] | None = None,
     probe_bytes: int = 0,
+    reaction_lag: int = 0,
 ) -> list[float | None]:
     """``oracle-adaptive``'s time to target per seed in the simulator (see the module docstring).
 
@@ -317,7 +318,17 @@ def adaptive_times(
         seeds: the ``env.reset`` seeds (the order of ``ranking``'s per-seed times).
         ranking: :func:`static_ranking` on ``seeds`` (computed when not given).
         probe_bytes: the probe each decision runs (0: probe-free, as the oracles play).
+        reaction_lag: 1: the reactive bound (:func:`best_schedule`), for a link schedule.
+
+    Raises:
+        ValueError: ``reaction_lag`` 1 on a scenario without a link schedule (conditions
+            drawn per episode have no phase to react to; not modelled).
     """
+    if reaction_lag and cfg.network_plan.kind != "schedule":
+        raise ValueError(
+            "reaction_lag applies to a link schedule; this scenario's network is "
+            f"{cfg.network_plan.kind!r}"
+        )
     if cfg.network_plan.kind != "schedule":
         ranking = ranking or static_ranking(model, cfg, seeds, probe_bytes)
         groups: dict[str, list[int]] = {}
@@ -338,7 +349,7 @@ def adaptive_times(
             for i in idx:
                 out[i] = best.times_s[i]
         return out
-    return [best_schedule_time(model, cfg, s, probe_bytes) for s in seeds]
+    return [best_schedule_time(model, cfg, s, probe_bytes, reaction_lag) for s in seeds]
 
 
 def headroom(

@@ -15,7 +15,7 @@ import pytest
 from commgym.agents import DQNAgent, PPOAgent
 from commgym.agents.imitation import SimScheduleExpert, oracle_demonstrations
 from commgym.agents.rollout import rollout
-from commgym.env.sim import SimEnv, best_schedule, simulate
+from commgym.env.sim import SimEnv, adaptive_times, best_schedule, simulate
 from tests.env.test_sim import _calibration, _env_cfg
 
 SCHEDULE = {"schedule": [[0, "10gbit"], [4, "10mbit"], [6.4, "10gbit"]], "shift_s": 0.5}
@@ -60,6 +60,13 @@ def test_the_reactive_schedule_is_never_faster_than_the_anticipating_one():
         assert t0 is not None and t1 is not None and t1 >= t0 - 1e-12
         # each entry the reactive schedule picks is the one of the phase it starts in
         assert [s for s, _ in plan1] == sorted(s for s, _ in plan1)
+    # the reactive bound bench sim prints beside the anticipating one
+    seeds = [1000, 1001]
+    assert adaptive_times(env.model, env.config, seeds, reaction_lag=1) == [
+        best_schedule(env.model, env.config, s, reaction_lag=1)[0] for s in seeds
+    ]
+    with pytest.raises(ValueError, match="reaction_lag applies to a link schedule"):
+        adaptive_times(env.model, _env_cfg(network="10mbit"), seeds, reaction_lag=1)
 
 
 def test_warm_start_clones_the_expert_into_ppo_and_its_critic():
