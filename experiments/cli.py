@@ -259,6 +259,19 @@ def replay_cmd(policy: str, steps: int | None = None, *, overrides: dict[str, An
             check_policy_file(policy)
         except (ValueError, FileNotFoundError) as err:
             fail(f"{err}; --policy takes {_REPLAY_POLICY_FORMS}")
+    if overrides.get("env.time_budget_s") is None:
+        from commgym.agents.scheduler import policy_time_budget
+        from commgym.experiments.progress import console
+
+        # the observation's elapsed_frac is training time / budget: the policy acts as it
+        # learned only under the budget it was trained with
+        budget = policy_time_budget(policy)
+        if budget is not None:
+            overrides = {**overrides, "env.time_budget_s": budget}
+            console.print(
+                f"time budget {budget:g} s: the policy's training budget (--time-budget-s "
+                "sets another)"
+            )
     try:
         cfg = replay_config(overrides, steps=steps)
         if policy.startswith("static:"):

@@ -181,9 +181,6 @@ class SurrogateModel:
         Raises:
             ValueError: no usable rows, or actions outside the menu.
         """
-        from sklearn.ensemble import HistGradientBoostingRegressor
-        from sklearn.model_selection import KFold
-
         df = df[df["step_time_s"].notna()].copy()
         if df.empty:
             raise ValueError("no measured transitions to fit")
@@ -223,6 +220,33 @@ class SurrogateModel:
         self.regressors = []
         oof = np.zeros_like(y)
         n_folds = min(folds, len(df))
+        # one OpenMP thread for these small fits (hundreds of rows): its workers spin while
+        # they wait, and beside other jobs on a 2-core machine that made `commgym train`'s
+        # fit take 137 s instead of 4.7 s (a newcomer's run, load ~3); measured on the same
+        # 400 transitions under load ~2: 3.2 s with one thread against 5.5-6.4 s without
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1, user_api="openmp"):
+            self._fit_targets(x, y, n_folds, seed, oof)
+        resid = y - oof
+        self.residual_std = dict(zip(TARGETS, resid.std(axis=0).tolist(), strict=True))
+        lo = np.log(max(float(np.nanmin(prev)) * 0.25, 1e-4))
+        hi = np.log(float(np.nanmax(prev)) * 1.5)
+        self.loss_edges = np.linspace(lo, hi, self.loss_bins + 1)
+        self._fit_noise(resid, acts[ok][:, 2], np.log(np.maximum(prev, 1e-8)), nvec[2])
+        self._tables: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        self.fitted = True
+        for r in self.link_rates_gbps:
+            self.table_for(r)
+        return self
+
+    def _fit_targets(
+        self, x: np.ndarray, y: np.ndarray, n_folds: int, seed: int, oof: np.ndarray
+    ) -> None:
+        """A regressor per target into :attr:`regressors`, out-of-fold predictions into ``oof``."""
+        from sklearn.ensemble import HistGradientBoostingRegressor
+        from sklearn.model_selection import KFold
+
         for j, name in enumerate(TARGETS):
             # timing targets are heavy-tailed: fit a median, not a mean
             loss = "absolute_error" if name.startswith("log_") else "squared_error"
@@ -243,17 +267,6 @@ class SurrogateModel:
                     oof[te, j] = make().fit(x[tr], y[tr, j], sample_weight=wt).predict(x[te])
             else:
                 oof[:, j] = self.regressors[-1].predict(x)
-        resid = y - oof
-        self.residual_std = dict(zip(TARGETS, resid.std(axis=0).tolist(), strict=True))
-        lo = np.log(max(float(np.nanmin(prev)) * 0.25, 1e-4))
-        hi = np.log(float(np.nanmax(prev)) * 1.5)
-        self.loss_edges = np.linspace(lo, hi, self.loss_bins + 1)
-        self._fit_noise(resid, acts[ok][:, 2], np.log(np.maximum(prev, 1e-8)), nvec[2])
-        self._tables: dict[float, tuple[np.ndarray, np.ndarray]] = {}
-        self.fitted = True
-        for r in self.link_rates_gbps:
-            self.table_for(r)
-        return self
 
     def _fit_noise(
         self, resid: np.ndarray, period_idx: np.ndarray, log_loss: np.ndarray, n_periods: int

@@ -9,7 +9,10 @@ from tests.experiments.cli_helpers import cli as _cli
 
 
 def test_replay_prints_policy_and_baselines(tmp_path):
-    policy = StaticAgent(LayoutEnv(ActionMenu()), preset="int8/4MB/H1").save(tmp_path / "p.zip")
+    agent = StaticAgent(LayoutEnv(ActionMenu()), preset="int8/4MB/H1")
+    # the budget it was trained with: replay runs under it unless --time-budget-s says otherwise
+    agent.trained_on = {**(agent.trained_on or {}), "time_budget_s": 5.0}
+    policy = agent.save(tmp_path / "p.zip")
     proc = _cli(
         [
             "replay",
@@ -23,13 +26,12 @@ def test_replay_prints_policy_and_baselines(tmp_path):
             "6",
             "--steps-per-decision",
             "2",
-            "--time-budget-s",
-            "5",
         ],
         tmp_path,
     )
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
+    assert "time budget 5 s: the policy's training budget" in out
     for label in ("policy (p.zip)", "static:ddp-default", "static:fp16-dense"):
         assert label in out, out
     assert "final config int8/4MB/H1" in out and "final config fp16/25MB/H1" in out
@@ -57,12 +59,11 @@ def test_replay_takes_a_preset_as_policy(tmp_path):
             "4",
             "--steps-per-decision",
             "2",
-            "--time-budget-s",
-            "5",
         ],
         tmp_path,
     )
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
+    assert "time budget 5 s: the policy's training budget" in out
     assert "policy (static:int8/4MB/H1)" in out
     assert "final config int8/4MB/H1" in out and "0 configuration changes" in out
