@@ -28,11 +28,14 @@ ALLOWED = {
     # numba/llvmlite with numpy arrays (fused CPU kernels)
     "collectives": {"torch", "triton", "numba", "llvmlite", "numpy"},
     # never stable-baselines3 or MLflow: the env must run without the agent/tracking stack
-    "env": {"torch", "numpy", "gymnasium", "sklearn", "scipy", "joblib", "pyarrow", "pandas"},
+    # threadpoolctl (scikit-learn's own dependency): the surrogate fit's OpenMP thread limit
+    "env": {"torch", "numpy", "gymnasium", "sklearn", "scipy", "joblib", "pyarrow", "pandas",
+            "threadpoolctl"},
     # the learning stack, never MLflow: tracking hooks in from experiments (wrappers)
     # ray: the optional extra commgym[ray] (env actors, RayVecEnv), imported inside functions
-    "agents": {"torch", "numpy", "gymnasium", "stable_baselines3", "sklearn", "scipy", "rich",
-               "tqdm", "ray"},
+    # sb3_contrib: RecurrentPPO (the recurrent-ppo agent)
+    "agents": {"torch", "numpy", "gymnasium", "stable_baselines3", "sb3_contrib", "sklearn",
+               "scipy", "rich", "tqdm", "ray"},
     "experiments": {"torch", "numpy", "gymnasium", "stable_baselines3", "sklearn", "scipy",
                     "mlflow", "yaml", "rich", "typer", "tqdm", "matplotlib", "pandas",
                     "pyarrow", "joblib", "ray"},
