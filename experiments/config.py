@@ -77,7 +77,9 @@ class RunConfig:
         sim_randomize: domain randomisation while learning in the simulator
             (``env_kind="sim"``, a scenario whose link is a schedule): the keyword arguments
             of :class:`~commgym.env.sim.randomize.RandomizedConditions`, e.g.
-            ``{length_jitter: 0.4, rate_swap: 0.1}``; ``None``: the scenario's own schedule.
+            ``{length_jitter: 0.4, rate_swap: 0.1}``, with the decisions' timing randomised
+            too by ``compute_scale: [lo, hi]`` and ``timing_noise``; ``None``: the
+            scenario's own schedule.
             Evaluation and the sim-to-real gap use the scenario as it is.
         sim_warm_start: behaviour cloning before RL in the simulator (``env_kind="sim"``,
             ``ppo`` or ``a2c``): ``{episodes: N, epochs: E}`` (optional ``batch_size``,
@@ -251,9 +253,18 @@ class RunConfig:
         r = self.sim_randomize
         if r is None:
             return
-        known = ("length_jitter", "rate_swap")
+        known = ("length_jitter", "rate_swap", "compute_scale", "timing_noise")
         if not isinstance(r, dict) or not set(r) <= set(known):
-            raise ValueError(f"sim_randomize must map some of {list(known)} to numbers, got {r!r}")
+            raise ValueError(
+                f"sim_randomize must map some of {list(known)} to values (compute_scale: "
+                f"[lo, hi]; the others numbers), got {r!r}"
+            )
+        from commgym.env.sim.randomize import check_randomization
+
+        try:
+            check_randomization(**r)
+        except ValueError as err:
+            raise ValueError(f"sim_randomize: {err}") from None
         if self.env_kind != "sim":
             raise ValueError(
                 f"sim_randomize redraws the link schedule while learning in the simulator; "

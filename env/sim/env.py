@@ -61,8 +61,20 @@ class SimEnv(gym.Env):
     env, the link applies from the first decision that starts at or after a switch, and
     ``info["condition"]`` carries the real env's label. The probe all-reduce runs as in the
     real env (``probe_bytes``; a reset with ``options={"probe": False}`` runs none unless
-    ``probe_for_all``), priced by the wire model. Deterministic: no noise is added (the
-    fidelity gates measure the error instead; ``commgym bench sim``).
+    ``probe_for_all``), priced by the wire model. Deterministic by default: no noise is
+    added (the fidelity gates measure the error instead; ``commgym bench sim``).
+
+    **Timing randomisation** (off by default; set by
+    :class:`~commgym.env.sim.randomize.RandomizedConditions`): the real ranks' decision times
+    vary from decision to decision (about 13 % on flaky-link's fast phase) and with the
+    machine's load (1.2-1.65x the calibration's on a loaded 2-core machine, record
+    2026-12-05_090926_train-flaky-link-bc), while the link's wire time does not. A policy
+    that reads the link from its own decisions' timing learns thresholds that this moves;
+    Pensieve's simulator multiplied each chunk's delay by ``U(0.9, 1.1)`` for the same
+    reason. With :attr:`compute_scale` ``s`` and :attr:`timing_noise` ``sigma``, each
+    decision's time off the wire (compute, codec, optimizer) is multiplied by
+    ``s * exp(sigma * z - sigma**2 / 2)``, ``z ~ N(0, 1)`` drawn from the env's generator
+    (mean ``s``); wire, switch and probe times are unchanged.
 
     Refused (``ValueError``, by :meth:`Calibration.check`): another workload setting, menu
     entries never calibrated, a target below the calibrated curves, straggler jitter, cross
@@ -120,6 +132,10 @@ class SimEnv(gym.Env):
                     "its alpha and efficiency are interpolated in log(rate)",
                     stacklevel=2,
                 )
+        #: multiplies each decision's time off the wire (1.0: the calibration's)
+        self.compute_scale = 1.0
+        #: log-normal spread of that factor from decision to decision (0.0: none)
+        self.timing_noise = 0.0
         self._needs_reset = True
 
     # -- gymnasium API ---------------------------------------------------------------
@@ -190,18 +206,25 @@ class SimEnv(gym.Env):
         prev_k = self._prev_k
         switched = prev_k >= 0 and prev_k != k
         extra = model.switch_s(prev_k, k, self._rate) if switched else 0.0
-        train_t = tm.train_s + extra + self._probe_s
+        f = self.compute_scale
+        if self.timing_noise > 0.0:
+            sd = self.timing_noise
+            f *= math.exp(sd * float(self.np_random.standard_normal()) - 0.5 * sd * sd)
+        wire = tm.rounds * tm.exchange_s
+        off_wire = max(tm.train_s - wire, 0.0)
+        train_s = tm.train_s if f == 1.0 else off_wire * f + wire
+        train_t = train_s + extra + self._probe_s
         prev = self._eval_loss
         eval_loss = model.next_loss(k, prev, prev_k)
         ent = self._ent[k]
         steps = cfg.steps_per_decision
         measured = DecisionMeasurement(
             train_time_s=train_t,
-            step_time_s=tm.step_s,
+            step_time_s=tm.step_s + (train_s - tm.train_s) / steps,
             iter_mean_s=train_t / steps,
-            compute_s=ent.compute_s,
+            compute_s=ent.compute_s * f,
             comm_wait_s=tm.comm_wait_s,
-            compress_s=tm.compress_s,
+            compress_s=tm.compress_s * f,
             comm_s=tm.comm_s + extra,
             bytes_per_step=ent.bytes_total / steps,
             bytes_total=ent.bytes_total,

@@ -10,6 +10,13 @@ probability ``rate_swap`` a phase's rate replaced by another rate of the scenari
 fast phase can come twice). The episode's per-seed shift then applies as in the real env.
 A fixed link or per-episode profiles are left as they are (they have no trace to vary).
 
+The decisions' timing is randomised too, where asked: ``compute_scale=(lo, hi)`` draws the
+episode's :attr:`~commgym.env.sim.SimEnv.compute_scale` from ``U(lo, hi)`` (a machine as
+loaded as the real ranks' may be) and ``timing_noise`` sets the per-decision spread
+(:attr:`~commgym.env.sim.SimEnv.timing_noise`), so a policy that reads the link from its
+own decisions' timing cannot rely on the calibration's exact times (Pensieve's simulator:
+each delay times ``U(0.9, 1.1)``).
+
 The draw uses the wrapper's own generator, seeded by the first ``reset(seed=...)``, so a
 training run is reproducible. Each reset rewrites the wrapped env's ``config`` (its network),
 so evaluation uses another instance of the simulator (the scenario as it is), as
@@ -24,7 +31,45 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["RandomizedConditions"]
+__all__ = ["RandomizedConditions", "check_randomization"]
+
+
+def check_randomization(
+    *,
+    length_jitter: float = 0.4,
+    rate_swap: float = 0.1,
+    compute_scale: tuple[float, float] | list[float] | None = None,
+    timing_noise: float = 0.0,
+) -> tuple[float, float] | None:
+    """Check :class:`RandomizedConditions`' settings (its Args); returns ``compute_scale``
+    as a ``(lo, hi)`` tuple of floats (or ``None``).
+
+    Raises:
+        ValueError: a setting outside its range (the message names it and the range).
+    """
+
+    def number(name: str, v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"{name} must be a number, got {v!r}")
+        return float(v)
+
+    if not 0.0 <= number("length_jitter", length_jitter) < 1.0:
+        raise ValueError(f"length_jitter must be in [0, 1), got {length_jitter!r}")
+    if not 0.0 <= number("rate_swap", rate_swap) <= 1.0:
+        raise ValueError(f"rate_swap must be in [0, 1], got {rate_swap!r}")
+    if not number("timing_noise", timing_noise) >= 0.0:
+        raise ValueError(f"timing_noise must be >= 0, got {timing_noise!r}")
+    if compute_scale is None:
+        return None
+    ok = (
+        isinstance(compute_scale, (list, tuple))
+        and len(compute_scale) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in compute_scale)
+    )
+    lo, hi = (float(compute_scale[0]), float(compute_scale[1])) if ok else (0.0, 0.0)
+    if not (ok and 0.0 < lo <= hi):
+        raise ValueError(f"compute_scale must be [lo, hi] with 0 < lo <= hi, got {compute_scale!r}")
+    return lo, hi
 
 
 class RandomizedConditions(gym.Wrapper):
@@ -35,18 +80,30 @@ class RandomizedConditions(gym.Wrapper):
             link schedule.
         length_jitter: relative spread of the phase lengths, in ``[0, 1)``.
         rate_swap: probability, per phase, of taking another of the schedule's rates.
+        compute_scale: ``(lo, hi)``, ``0 < lo <= hi``: the range of each episode's factor
+            on the time off the wire; ``None``: the calibration's times (factor 1).
+        timing_noise: per-decision log-normal spread of that factor, ``>= 0`` (0: none).
 
     Raises:
-        ValueError: ``length_jitter`` outside ``[0, 1)`` or ``rate_swap`` outside
-            ``[0, 1]``; an env whose config has no link schedule.
+        ValueError: ``length_jitter`` outside ``[0, 1)``, ``rate_swap`` outside
+            ``[0, 1]``, ``compute_scale`` not two positive ascending numbers, a negative
+            ``timing_noise``; an env whose config has no link schedule.
     """
 
-    def __init__(self, env: gym.Env, *, length_jitter: float = 0.4, rate_swap: float = 0.1):
+    def __init__(
+        self,
+        env: gym.Env,
+        *,
+        length_jitter: float = 0.4,
+        rate_swap: float = 0.1,
+        compute_scale: tuple[float, float] | list[float] | None = None,
+        timing_noise: float = 0.0,
+    ):
         super().__init__(env)
-        if not 0.0 <= float(length_jitter) < 1.0:
-            raise ValueError(f"length_jitter must be in [0, 1), got {length_jitter!r}")
-        if not 0.0 <= float(rate_swap) <= 1.0:
-            raise ValueError(f"rate_swap must be in [0, 1], got {rate_swap!r}")
+        compute_scale = check_randomization(
+            length_jitter=length_jitter, rate_swap=rate_swap, compute_scale=compute_scale,
+            timing_noise=timing_noise,
+        )  # fmt: skip
         cfg = env.unwrapped.config
         plan = cfg.network_plan
         if plan.kind != "schedule":
@@ -57,6 +114,8 @@ class RandomizedConditions(gym.Wrapper):
         self.base = cfg
         self.length_jitter = float(length_jitter)
         self.rate_swap = float(rate_swap)
+        self.compute_scale = compute_scale
+        self.timing_noise = float(timing_noise)
         self._rng: np.random.Generator | None = None
         #: the schedule of the running episode, ``[[start_s, spec], ...]``
         self.schedule: list[list[Any]] = []
@@ -82,5 +141,9 @@ class RandomizedConditions(gym.Wrapper):
             self._rng = np.random.default_rng(seed if seed is not None else self.base.seed)
         network = self.draw()
         self.schedule = network["schedule"]
-        self.env.unwrapped.config = dataclasses.replace(self.base, network=network)
+        sim = self.env.unwrapped
+        sim.config = dataclasses.replace(self.base, network=network)
+        if self.compute_scale is not None:
+            sim.compute_scale = float(self._rng.uniform(*self.compute_scale))
+        sim.timing_noise = self.timing_noise
         return self.env.reset(seed=seed, options=options)

@@ -276,6 +276,58 @@ def test_probe_option_as_the_real_env():
     )
 
 
+def test_timing_randomisation_scales_the_time_off_the_wire_only():
+    """compute_scale multiplies compute and codec, never the wire; timing_noise spreads it
+    per decision from the env's own generator (reproducible by seed); off by default."""
+    from commgym.env.sim.randomize import RandomizedConditions, check_randomization
+
+    cfg = _env_cfg(network="10mbit", probe_bytes=0)
+    env = SimEnv(_calibration(), cfg)
+    k = env.model.entries.index("none/25MB/H1")
+    tm = env.model.timings(10e6)[k]
+    wire = tm.rounds * tm.exchange_s
+    assert 0 < wire < tm.train_s  # both parts present on this link
+
+    def first(scale=1.0, noise=0.0, seed=0):
+        env.compute_scale, env.timing_noise = scale, noise
+        env.reset(seed=seed)
+        return env.step(np.array([0, 0, 0]))[4]["measured"]
+
+    plain = first()
+    assert plain["train_time_s"] == pytest.approx(tm.train_s, rel=1e-12)  # off by default
+    doubled = first(2.0)
+    assert doubled["train_time_s"] == pytest.approx(2 * (tm.train_s - wire) + wire, rel=1e-9)
+    assert doubled["compute_s"] == pytest.approx(2 * plain["compute_s"])
+    assert doubled["comm_wait_s"] == plain["comm_wait_s"]  # the wire's wait is the link's
+    noisy = [first(1.0, 0.15, seed)["train_time_s"] for seed in range(200)]
+    assert noisy[:5] == [first(1.0, 0.15, seed)["train_time_s"] for seed in range(5)]
+    factors = (np.array(noisy) - wire) / (tm.train_s - wire)
+    # log-normal with mean 1 and sigma 0.15: 200 draws' mean within 4 standard errors
+    assert abs(factors.mean() - 1.0) < 4 * 0.15 / math.sqrt(200)
+    assert 0.10 < np.log(factors).std() < 0.20
+
+    sched = _env_cfg(network={"schedule": [[0, "10gbit"], [4, "10mbit"]], "shift_s": 0.5})
+    with pytest.warns(UserWarning, match="never recorded"):
+        wrapped = RandomizedConditions(
+            SimEnv(_calibration(), sched), compute_scale=[0.9, 1.7], timing_noise=0.1
+        )
+    scales = set()
+    for seed in range(5):
+        wrapped.reset(seed=seed)
+        scales.add(wrapped.unwrapped.compute_scale)
+        assert 0.9 <= wrapped.unwrapped.compute_scale <= 1.7
+        assert wrapped.unwrapped.timing_noise == 0.1
+    assert len(scales) == 5
+    for bad, match in [
+        ({"compute_scale": [1.7, 0.9]}, "compute_scale must be \\[lo, hi\\]"),
+        ({"compute_scale": 1.2}, "compute_scale must be"),
+        ({"timing_noise": -0.1}, "timing_noise must be >= 0, got -0.1"),
+        ({"timing_noise": "x"}, "timing_noise must be a number"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            check_randomization(**bad)
+
+
 @pytest.mark.parametrize(
     "network",
     [

@@ -146,6 +146,8 @@ def test_sim_randomize_redraws_the_link_trace_while_learning(tmp_path, monkeypat
         RunConfig(env_kind="sim", sim_randomize={"length_jitter": 0.4})
     with pytest.raises(ValueError, match="env_kind is 'real'"):
         RunConfig(env=cfg.env, sim_randomize={"length_jitter": 0.4})
+    with pytest.raises(ValueError, match="sim_randomize: compute_scale must be"):
+        RunConfig(**{**cfg.to_dict(), "sim_randomize": {"compute_scale": [0, 1]}})
 
 
 def test_sim_warm_start_clones_the_reactive_oracle_before_rl(tmp_path, capsys):
