@@ -41,8 +41,10 @@ def check_randomization(
     compute_scale: tuple[float, float] | list[float] | None = None,
     timing_noise: float = 0.0,
 ) -> tuple[float, float] | None:
-    """Check :class:`RandomizedConditions`' settings (its Args); returns ``compute_scale``
-    as a ``(lo, hi)`` tuple of floats (or ``None``).
+    """Check :class:`RandomizedConditions`' settings (its Args).
+
+    Returns:
+        ``compute_scale`` as a ``(lo, hi)`` tuple of floats, or ``None``.
 
     Raises:
         ValueError: a setting outside its range (the message names it and the range).
