@@ -90,13 +90,13 @@ class SimScheduleExpert:
                 "(behaviour cloning runs in commgym/Sim-v1: env_kind: sim)"
             )
         cfg = env.config
-        key = (env._episode_seed, repr(cfg.network), env._probe_bytes)
-        if key != self._key or env._decisions == 0:
+        key = (env.episode_seed, repr(cfg.network), env.probe_bytes)
+        if key != self._key or env.decisions == 0:
             _, self._plan = best_schedule(
                 env.model,
                 cfg,
-                probe_bytes=env._probe_bytes,
-                episode_seed=env._episode_seed,
+                probe_bytes=env.probe_bytes,
+                episode_seed=env.episode_seed,
                 reaction_lag=self.reaction_lag,
             )
             self._key = key
@@ -105,8 +105,8 @@ class SimScheduleExpert:
             self.missed += not self._plan
         if not self._plan:
             return None
-        t = env._train_time_s
-        starts = [0.0] if env._schedule is None else [float(s) for s, _ in env._schedule]
+        t = env.train_time_s
+        starts = env.link_phase_starts
         phase = int(np.searchsorted(starts, max(t, 0.0), side="right")) - 1
         k = self._plan[0][1]
         for start, entry in self._plan:

@@ -288,6 +288,35 @@ class SimEnv(gym.Env):
         rate = UNSHAPED_GBPS if self._spec is None else self._spec.rate_bit_s / 1e9
         return {"link_gbps": rate, "straggler_ms": s.delay_s * s.prob * 1e3}
 
+    # -- the running episode, read-only (what an expert or a planner reads) ----------------
+    @property
+    def episode_seed(self) -> int:
+        """The running episode's seed (drawn at ``reset`` as the real env draws it)."""
+        return self._episode_seed
+
+    @property
+    def probe_bytes(self) -> int:
+        """Bytes of the probe all-reduce each decision of the running episode runs (0: none)."""
+        return self._probe_bytes
+
+    @property
+    def decisions(self) -> int:
+        """Decisions made in the running episode."""
+        return self._decisions
+
+    @property
+    def train_time_s(self) -> float:
+        """Training time of the running episode so far, s."""
+        return self._train_time_s
+
+    @property
+    def link_phase_starts(self) -> list[float]:
+        """Start times of the running episode's link phases, s of training time.
+
+        The per-seed shift is applied; ``[0.0]`` for a link that never changes.
+        """
+        return [0.0] if self._schedule is None else [float(t) for t, _ in self._schedule]
+
     @property
     def episode_phases(self) -> list[tuple[float, str]]:
         """The running episode's condition phases, as the real env's ``episode_phases``."""

@@ -257,6 +257,9 @@ def test_sim_env_keeps_the_real_envs_spaces_and_records():
         if term or trunc:
             break
     assert info["reason"] in ("target_reached", "time_budget") and steps > 5
+    sim = env.unwrapped
+    assert sim.decisions == steps and sim.train_time_s == pytest.approx(info["train_time_s"])
+    assert sim.probe_bytes == cfg.probe_bytes
     # deterministic: the same seed and actions give the same episode
     a = [env.reset(seed=3)[0]] + [env.step(np.array([0, 0, 0]))[0] for _ in range(3)]
     b = [env.reset(seed=3)[0]] + [env.step(np.array([0, 0, 0]))[0] for _ in range(3)]
@@ -351,7 +354,9 @@ def test_phase_replay_equals_the_real_envs_resolution(network):
         real._schedule = cfg.network_plan.for_episode(es)
         real._stragglers = cfg.straggler_condition.for_episode(es)
         real._crossing = cfg.cross_traffic_condition.for_episode(es)
-        assert sim._episode_seed == es
+        assert sim.episode_seed == es
+        starts = [0.0] if real._schedule is None else [float(t) for t, _ in real._schedule]
+        assert sim.link_phase_starts == starts
         assert sim.episode_phases == real.episode_phases
         for t in (0.0, 3.9, 4.6, 7.0, 11.0):
             assert sim.condition_at(t) == real.condition_at(t)
