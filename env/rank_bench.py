@@ -33,7 +33,7 @@ from torch import nn
 from commgym.collectives import CommConfig, CompressionSpec, GradientSynchronizer
 from commgym.env.measure import LinkProbe  # noqa: F401 - its old home, re-exported
 
-__all__ = ["bench_allgather", "bench_allreduce", "bench_sync"]
+__all__ = ["bench_allgather", "bench_allreduce", "bench_sync", "shard_batches", "timed_steps"]
 
 
 def bench_allreduce(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -83,14 +83,19 @@ def bench_allgather(msg: dict[str, Any], device: torch.device) -> dict[str, Any]
     return {"type": "bench", "seconds": out}
 
 
-def _batches(
+def shard_batches(
     workload: Any, rank: int, world_size: int, batch_size: int, count: int, seed: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's shard of ``count`` global batches of the workload's training data.
 
     The training split is shuffled with ``seed`` (equal on every rank); global batch ``i``
     holds ``world_size * batch_size`` consecutive samples (wrapping around) of which rank
-    ``r`` takes the ``r``-th slice.
+    ``r`` takes the ``r``-th slice. The batches :func:`bench_sync` times (public so that a
+    script can time its own steps on the same data).
+
+    Returns:
+        ``count`` pairs ``(x, y)``: ``x`` of ``batch_size`` rows in the workload's input
+        shape and dtype, ``y`` the ``batch_size`` labels.
     """
     data = workload.load_data()
     n = len(data.train_x)
@@ -103,7 +108,7 @@ def _batches(
     return batches
 
 
-def _timed(
+def timed_steps(
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     warmup: int,
     step: Callable[[torch.Tensor, torch.Tensor], Any],
@@ -111,7 +116,9 @@ def _timed(
     """``step(x, y)`` on every batch, each timed whole; the first ``warmup`` not kept.
 
     Barriers separate the configuration from the one before and the warm-up from the
-    measured steps (never inside a timed step).
+    measured steps (never inside a timed step): a collective, so every rank of the default
+    process group calls it. :func:`bench_sync`'s loop, public for scripts that time their
+    own steps the same way.
 
     Returns:
         ``(seconds per measured step, what step returned for each)``.
@@ -161,7 +168,7 @@ def _run_config(
             loss_fn(ddp(x), y).backward()  # gradients all-reduced by DDP's reducer
             opt.step()
 
-        times, _ = _timed(batches, warmup, ddp_step)  # DDP's reducer goes with this frame
+        times, _ = timed_steps(batches, warmup, ddp_step)  # DDP's reducer goes with this frame
         return times, [], model
     sync = GradientSynchronizer(
         model, CommConfig(spec, bucket_mb=bucket_mb, sync_period=sync_period), error_every=0
@@ -174,7 +181,7 @@ def _run_config(
         opt.step()
         return st, sync.after_optimizer_step()
 
-    times, stats = _timed(batches, warmup, step)
+    times, stats = timed_steps(batches, warmup, step)
     sync.remove_hooks()
     rows = [
         {
@@ -250,7 +257,7 @@ def bench_sync(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
     wl = get_workload(msg["workload"])
     torch.manual_seed(seed)
     base = wl.build_model().to(device)
-    batches = _batches(wl, rank, world, batch_size, warmup + steps, seed)
+    batches = shard_batches(wl, rank, world, batch_size, warmup + steps, seed)
     configs = ["ddp", *specs]
     local: dict[str, list[list[float]]] = {c: [] for c in configs}
     ours: dict[str, list[list[dict[str, Any]]]] = {s: [] for s in specs}
