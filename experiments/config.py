@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import difflib
 import importlib.util
+import inspect
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -253,14 +254,14 @@ class RunConfig:
         r = self.sim_randomize
         if r is None:
             return
-        known = ("length_jitter", "rate_swap", "compute_scale", "timing_noise")
+        from commgym.env.sim.randomize import check_randomization
+
+        known = tuple(inspect.signature(check_randomization).parameters)
         if not isinstance(r, dict) or not set(r) <= set(known):
             raise ValueError(
                 f"sim_randomize must map some of {list(known)} to values (compute_scale: "
                 f"[lo, hi]; the others numbers), got {r!r}"
             )
-        from commgym.env.sim.randomize import check_randomization
-
         try:
             check_randomization(**r)
         except ValueError as err:

@@ -210,9 +210,10 @@ class SimEnv(gym.Env):
         if self.timing_noise > 0.0:
             sd = self.timing_noise
             f *= math.exp(sd * float(self.np_random.standard_normal()) - 0.5 * sd * sd)
-        wire = tm.rounds * tm.exchange_s
-        off_wire = max(tm.train_s - wire, 0.0)
-        train_s = tm.train_s if f == 1.0 else off_wire * f + wire
+        train_s = tm.train_s
+        if f != 1.0:  # scale the time off the wire only (the link's is the link's)
+            wire = tm.rounds * tm.exchange_s
+            train_s = max(tm.train_s - wire, 0.0) * f + wire
         train_t = train_s + extra + self._probe_s
         prev = self._eval_loss
         eval_loss = model.next_loss(k, prev, prev_k)

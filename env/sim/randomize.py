@@ -36,12 +36,12 @@ __all__ = ["RandomizedConditions", "check_randomization"]
 
 def check_randomization(
     *,
-    length_jitter: float = 0.4,
-    rate_swap: float = 0.1,
+    length_jitter: float | None = None,
+    rate_swap: float | None = None,
     compute_scale: tuple[float, float] | list[float] | None = None,
-    timing_noise: float = 0.0,
+    timing_noise: float | None = None,
 ) -> tuple[float, float] | None:
-    """Check :class:`RandomizedConditions`' settings (its Args).
+    """Check :class:`RandomizedConditions`' settings (its Args; ``None``: not given).
 
     Returns:
         ``compute_scale`` as a ``(lo, hi)`` tuple of floats, or ``None``.
@@ -50,28 +50,33 @@ def check_randomization(
         ValueError: a setting outside its range (the message names it and the range).
     """
 
-    def number(name: str, v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ValueError(f"{name} must be a number, got {v!r}")
-        return float(v)
+    def number(v: Any) -> float | None:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        return float(v) if ok else None
 
-    if not 0.0 <= number("length_jitter", length_jitter) < 1.0:
-        raise ValueError(f"length_jitter must be in [0, 1), got {length_jitter!r}")
-    if not 0.0 <= number("rate_swap", rate_swap) <= 1.0:
-        raise ValueError(f"rate_swap must be in [0, 1], got {rate_swap!r}")
-    if not number("timing_noise", timing_noise) >= 0.0:
-        raise ValueError(f"timing_noise must be >= 0, got {timing_noise!r}")
+    ranges = {
+        "length_jitter": (length_jitter, lambda x: 0.0 <= x < 1.0, "in [0, 1)"),
+        "rate_swap": (rate_swap, lambda x: 0.0 <= x <= 1.0, "in [0, 1]"),
+        "timing_noise": (timing_noise, lambda x: x >= 0.0, ">= 0"),
+    }
+    for name, (v, inside, what) in ranges.items():
+        if v is None:
+            continue
+        x = number(v)
+        if x is None:
+            raise ValueError(f"{name} must be a number, got {v!r}")
+        if not inside(x):
+            raise ValueError(f"{name} must be {what}, got {v!r}")
     if compute_scale is None:
         return None
-    ok = (
-        isinstance(compute_scale, (list, tuple))
-        and len(compute_scale) == 2
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in compute_scale)
+    pair = (
+        [number(v) for v in compute_scale]
+        if isinstance(compute_scale, (list, tuple)) and len(compute_scale) == 2
+        else [None]
     )
-    lo, hi = (float(compute_scale[0]), float(compute_scale[1])) if ok else (0.0, 0.0)
-    if not (ok and 0.0 < lo <= hi):
+    if None in pair or not 0.0 < pair[0] <= pair[1]:
         raise ValueError(f"compute_scale must be [lo, hi] with 0 < lo <= hi, got {compute_scale!r}")
-    return lo, hi
+    return pair[0], pair[1]
 
 
 class RandomizedConditions(gym.Wrapper):
