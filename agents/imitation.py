@@ -49,24 +49,40 @@ class SimScheduleExpert:
     advance: on flaky-link's calibration of 2026-12-05 the clone played ``none/H1`` into the
     10 Mbit/s phase (one decision ~24 s) and missed the target on every seed.
 
+    Where each episode draws its link (``profiles``, e.g. link-lottery), the first decision
+    is blind as well: a reactive expert opens every episode with one entry whatever the
+    link, ``opening``, and plays the best schedule from the second decision on.
+
     Args:
         reaction_lag: decisions before the expert acts on a new link (0 or 1).
+        opening: the first decision's entry (``str(CommConfig)``, e.g.
+            ``"topk:0.01/25MB/H2"``); ``"best"``: where the env draws its link per episode
+            and ``reaction_lag`` is 1, the best blind entry in the simulator
+            (:func:`~commgym.env.sim.planner.reactive_opening` over reset seeds 0-31), else
+            none; ``None``: none (the first decision follows the schedule, as when the
+            first link is the scenario's, known in advance). An entry that times the
+            links far apart can serve a policy that reads the link from its own timing
+            better than the best blind entry does (docs/simulator.md).
 
     Attributes:
         episodes: episodes planned so far.
         missed: of them, episodes where no schedule reaches the target.
 
     Raises:
-        ValueError: ``reaction_lag`` other than 0 or 1.
+        ValueError: ``reaction_lag`` other than 0 or 1; at the first call, an ``opening``
+            that is not an entry of the env's menu.
     """
 
-    def __init__(self, reaction_lag: int = 1) -> None:
+    def __init__(self, reaction_lag: int = 1, opening: str | None = "best") -> None:
         if reaction_lag not in (0, 1):
             raise ValueError(f"reaction_lag must be 0 or 1 (decisions), got {reaction_lag!r}")
         self.reaction_lag = reaction_lag
+        self.opening = opening
+        self._opening_k: dict[str, int | None] = {}  # per network config: flat entry
         self._key: tuple[Any, ...] | None = None
         self._plan: list[tuple[float, int]] = []
         self._prev: tuple[int, int] | None = None  # (phase, flat entry) of the last decision
+        self._reaches = False
         self.episodes = 0
         self.missed = 0
 
@@ -91,20 +107,29 @@ class SimScheduleExpert:
             )
         cfg = env.config
         key = (env.episode_seed, repr(cfg.network), env.probe_bytes)
+        opening = self._resolve_opening(env)
         if key != self._key or env.decisions == 0:
-            _, self._plan = best_schedule(
+            t, self._plan = best_schedule(
                 env.model,
                 cfg,
                 probe_bytes=env.probe_bytes,
                 episode_seed=env.episode_seed,
                 reaction_lag=self.reaction_lag,
+                opening=opening,
             )
             self._key = key
             self._prev = None
             self.episodes += 1
-            self.missed += not self._plan
-        if not self._plan:
+            self._reaches = t is not None
+            self.missed += not self._reaches
+        if not self._reaches:
             return None
+        if opening is not None and env.decisions == 0:
+            self._prev = (0, opening)
+            return np.asarray(np.unravel_index(opening, tuple(env.menu.nvec)), dtype=np.int64)
+        if not self._plan:  # the opening alone reaches the target: keep it
+            k = opening if self._prev is None else self._prev[1]
+            return np.asarray(np.unravel_index(k, tuple(env.menu.nvec)), dtype=np.int64)
         t = env.train_time_s
         starts = env.link_phase_starts
         phase = int(np.searchsorted(starts, max(t, 0.0), side="right")) - 1
@@ -116,6 +141,33 @@ class SimScheduleExpert:
             k = self._prev[1]  # the link changed under the last decision: not seen yet
         self._prev = (phase, k)
         return np.asarray(np.unravel_index(k, tuple(env.menu.nvec)), dtype=np.int64)
+
+    def _resolve_opening(self, env: Any) -> int | None:
+        """The flat entry of the first decision on ``env``'s conditions (``None``: none)."""
+        net = repr(env.config.network)
+        if net in self._opening_k:
+            return self._opening_k[net]
+        from commgym.env.sim import reactive_opening
+
+        entries = list(env.model.entries)
+        if self.opening is None:
+            k = None
+        elif self.opening == "best":
+            drawn = env.config.network_plan.kind == "profiles"
+            k = (
+                reactive_opening(env.model, env.config, range(32), env.probe_bytes)[0]
+                if drawn and self.reaction_lag
+                else None
+            )
+        elif self.opening in entries:
+            k = entries.index(self.opening)
+        else:
+            raise ValueError(
+                f"opening {self.opening!r} is not an entry of this menu; valid: "
+                f"{', '.join(entries)} (or 'best', or None)"
+            )
+        self._opening_k[net] = k
+        return k
 
 
 @dataclass

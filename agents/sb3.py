@@ -170,13 +170,23 @@ class SB3Agent(Agent):
             then seen only through the timing of the entry the policy itself played
             (``step_time_s``, ``comm_wait_frac``, ``bandwidth_gbps`` with the entry's
             indices), which on a shaped link separates the rates for every entry.
+        obs_fields: the observation fields the policy reads (names of
+            :data:`~commgym.env.spaces.OBSERVATION_FIELDS`); the others read 0 while it
+            learns and acts (the layout and its size are unchanged, so a file's
+            normaliser and a replay's observations keep their shape). ``None``: all.
+            A policy learned in the simulator should read only what the simulator
+            models decision by decision: measured on link-lottery's ranks (2026-12-05),
+            the gradient-norm fields, constant per entry in the simulator, moved by up
+            to 320 of its standard deviations between real decisions and turned a clone
+            that had identified the link back to the fast link's entries.
         **hyperparams: keyword arguments of the SB3 algorithm (``policy`` defaults to
             ``"MlpPolicy"``, ``device`` to ``"cpu"``); they override :attr:`defaults`.
 
     Raises:
         TypeError: unknown SB3 keyword arguments (from SB3).
         ValueError: ``history`` is not an integer >= 1; ``normalize`` is not a bool or a dict
-            of ``VecNormalize`` keyword arguments.
+            of ``VecNormalize`` keyword arguments; ``obs_fields`` names a field that does
+            not exist (the message lists them), or is given with a ``vec_env``.
     """
 
     learned = True
@@ -202,6 +212,7 @@ class SB3Agent(Agent):
         self.history = _check_history(kwargs.pop("history", 1))
         self.normalize = _check_normalize(kwargs.pop("normalize", False))
         self.reads_probe = _check_probe(kwargs.pop("probe", True))
+        self._mask = _field_mask(kwargs.pop("obs_fields", None))
         self._gamma = float(kwargs.get("gamma", 0.99))
         self._norm: Any = None
         if vec_env is not None and not self.reads_probe:
@@ -209,6 +220,11 @@ class SB3Agent(Agent):
             raise ValueError(
                 "probe=False learns on envs this process wraps; it cannot be used with a "
                 "vec_env of env actors (learn in the simulator, or keep probe=True)"
+            )
+        if vec_env is not None and self._mask is not None:
+            raise ValueError(
+                "obs_fields masks the observations of envs this process wraps; it cannot be "
+                "used with a vec_env of env actors (learn in the simulator, or drop obs_fields)"
             )
         algo_env = self._learning_env(env) if vec_env is None else self._stacked(vec_env)
         self.model = self.algo(policy, algo_env, seed=seed, **kwargs)
@@ -221,8 +237,10 @@ class SB3Agent(Agent):
         return {k: _plain(v) for k, v in self._hyperparams.items()}
 
     def _algo_env(self, env: gym.Env) -> gym.Env:
-        """The env as the SB3 algorithm sees it (probe-free episodes unless it reads it)."""
-        return env if self.reads_probe else _ProbeOff(env)
+        """The env as the SB3 algorithm sees it (probe-free episodes unless it reads it;
+        the fields it does not read at 0)."""
+        env = env if self.reads_probe else _ProbeOff(env)
+        return env if self._mask is None else _FieldMask(env, self._mask)
 
     def _stacked(self, venv: Any, frozen: bool = False) -> Any:
         """``venv`` with the last :attr:`history` observations stacked, then normalised.
@@ -275,6 +293,8 @@ class SB3Agent(Agent):
         deterministic: bool = True,
     ) -> tuple[np.ndarray, Any]:
         obs, batch = as_observations(observation, int(np.prod(self.observation_space.shape)))
+        if self._mask is not None:
+            obs = obs * self._mask
         stack = None
         if self.history > 1:  # the observation stack rides in the state, as VecFrameStack's
             stack, state = state if state is not None else (None, None)
@@ -620,6 +640,7 @@ class SB3Agent(Agent):
         agent.history = _check_history(hp.get("history", 1))
         agent.normalize = _check_normalize(hp.get("normalize", False))
         agent.reads_probe = _check_probe(hp.get("probe", True))
+        agent._mask = _field_mask(hp.get("obs_fields"))
         agent._gamma = float(hp.get("gamma", 0.99))
         agent._norm = None
         saved_norm = meta.get("state", {}).get("normalization")
@@ -673,6 +694,32 @@ def _check_probe(probe: Any) -> bool:
     if not isinstance(probe, bool):
         raise ValueError(f"probe must be true or false, got {probe!r}")
     return probe
+
+
+def _field_mask(fields: Any) -> np.ndarray | None:
+    """``obs_fields`` as a float32 0/1 mask over the observation (``None``: all read)."""
+    if fields is None:
+        return None
+    from commgym.env.spaces import OBSERVATION_FIELDS
+
+    names = [f.name for f in OBSERVATION_FIELDS]
+    if isinstance(fields, str) or not isinstance(fields, list | tuple) or not fields:
+        raise ValueError(f"obs_fields must be a non-empty list of field names, got {fields!r}")
+    bad = [f for f in fields if f not in names]
+    if bad:
+        raise ValueError(f"obs_fields has unknown fields {bad}; valid: {', '.join(names)}")
+    return np.array([n in fields for n in names], dtype=np.float32)
+
+
+class _FieldMask(gym.ObservationWrapper):
+    """The observation with the fields a policy does not read at 0 (``obs_fields``)."""
+
+    def __init__(self, env: gym.Env, mask: np.ndarray) -> None:
+        super().__init__(env)
+        self.mask = mask
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:  # noqa: D102
+        return (observation * self.mask).astype(np.float32)
 
 
 class _ProbeOff(gym.Wrapper):

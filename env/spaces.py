@@ -106,6 +106,10 @@ class ActionMenu:
         """Number of distinct configurations."""
         return int(np.prod(self.nvec))
 
+    def entry_names(self) -> list[str]:
+        """Every entry as ``str(CommConfig)``, in flat row-major order (the simulator's index)."""
+        return [str(self.decode(np.array(a))) for a in np.ndindex(*map(int, self.nvec))]
+
     def decode(self, action: Sequence[int] | np.ndarray) -> CommConfig:
         """Map ``[i_compression, i_bucket, i_period]`` to a :class:`CommConfig`.
 

@@ -76,7 +76,7 @@ class RunConfig:
             (:func:`~commgym.experiments.calibrate_sim.calibrate_sim`, its defaults). Also
             the record ``mpc`` plans over when its own kwargs name none.
         sim_randomize: domain randomisation while learning in the simulator
-            (``env_kind="sim"``, a scenario whose link is a schedule): the keyword arguments
+            (``env_kind="sim"``; the schedule's keys need a link schedule): the keyword arguments
             of :class:`~commgym.env.sim.randomize.RandomizedConditions`, e.g.
             ``{length_jitter: 0.4, rate_swap: 0.1}``, with the decisions' timing randomised
             too by ``compute_scale: [lo, hi]`` and ``timing_noise``; ``None``: the
@@ -89,7 +89,9 @@ class RunConfig:
             player that sees a new link one decision late can follow) recorded on the
             learning env and cloned (:meth:`~commgym.agents.sb3.SB3Agent.warm_start`),
             then ``timesteps`` decisions of RL fine-tuning (0 allowed here: the clone as
-            it is); ``None``: RL from scratch.
+            it is); ``None``: RL from scratch. ``opening``: the expert's first decision
+            where each episode draws its link (the expert's ``opening``: an entry,
+            ``best`` (default) or ``null``).
         tuning_decisions: real decisions each tuning baseline (``bayesopt``, ``grid``,
             ``bandit``, ``accordion``, ``adacomm``, learning agents) spends tuning before
             it is evaluated; ``None``: as many as the learned agent saw on real ranks
@@ -272,10 +274,12 @@ class RunConfig:
                 f"env_kind is {self.env_kind!r} (set env_kind: sim, or drop sim_randomize)"
             )
         kind = self.env_config.network_plan.kind
-        if kind != "schedule":
+        timing = r.get("compute_scale") is not None or bool(r.get("timing_noise"))
+        if kind != "schedule" and not timing:
             raise ValueError(
-                "sim_randomize redraws a link schedule; this scenario's network is "
-                f"{kind!r} (give env.network a schedule, or drop sim_randomize)"
+                "sim_randomize redraws a link schedule or the decisions' timing; this "
+                f"scenario's network is {kind!r}, which has no schedule (give env.network a "
+                "schedule, set compute_scale or timing_noise, or drop sim_randomize)"
             )
 
     def _check_sim_warm_start(self) -> None:
@@ -286,12 +290,20 @@ class RunConfig:
         if (
             not isinstance(w, dict)
             or "episodes" not in w
-            or not set(w) <= {*known, "learning_rate"}
+            or not set(w) <= {*known, "learning_rate", "opening"}
         ):
             raise ValueError(
                 "sim_warm_start must be a mapping with 'episodes' and optionally 'epochs', "
-                f"'batch_size', 'learning_rate', got {w!r}"
+                f"'batch_size', 'learning_rate', 'opening', got {w!r}"
             )
+        opening = w.get("opening", "best")
+        if opening not in (None, "best"):
+            entries = self.env_config.menu.entry_names()
+            if opening not in entries:
+                raise ValueError(
+                    f"sim_warm_start.opening {opening!r} is not an entry of the action menu; "
+                    f"valid: {', '.join(entries)}, 'best' or null"
+                )
         for name, low in known.items():
             if name in w:
                 check_int(f"sim_warm_start.{name}", w[name], low)

@@ -271,7 +271,7 @@ def warm_start(cfg: RunConfig, agent: Any, parent: Any, prefix: str = "") -> dic
 
     w = dict(cfg.sim_warm_start or {})
     n = int(w.pop("episodes"))
-    expert = SimScheduleExpert()
+    expert = SimScheduleExpert(opening=w.pop("opening", "best"))
     t0 = time.perf_counter()
     with phase("cloning the simulator's reactive oracle", n, unit="episodes") as adv:
         fit = agent.warm_start(expert, n, callback=lambda: adv(1), **w)

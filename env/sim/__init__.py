@@ -43,6 +43,7 @@ from commgym.env.sim.planner import (
     best_schedule_time,
     episode_seed_of,
     headroom,
+    reactive_opening,
     simulate,
     static_ranking,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "fit_wire",
     "headroom",
     "measure_codec",
+    "reactive_opening",
     "ring_uplink_bytes",
     "simulate",
     "static_ranking",

@@ -26,6 +26,9 @@ drawn from them as the envs draw it).
   from the observation after a decision on it. The anticipating optimum is the headroom's
   bound; the reactive one is what a policy that reads the link (and knows everything else)
   can reach, and the expert behaviour cloning imitates (:mod:`commgym.agents.imitation`).
+  Where each episode draws its link (``profiles``), a reactive player's first decision is
+  blind too: it plays one ``opening`` entry on every seed, and :func:`reactive_opening` is
+  the best such entry (the reactive bound of a lottery of links).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ __all__ = [
     "best_schedule_time",
     "episode_seed_of",
     "headroom",
+    "reactive_opening",
     "simulate",
     "static_ranking",
 ]
@@ -138,6 +142,7 @@ def simulate(
     schedule: Sequence[tuple[float, int]],
     probe_bytes: int = 0,
     reaction_lag: int = 0,
+    opening: int | None = None,
 ) -> tuple[float | None, float, float]:
     """One simulated episode of a piecewise-constant schedule of flat entries.
 
@@ -149,6 +154,9 @@ def simulate(
         probe_bytes: the probe each decision runs (0: a probe-free player).
         reaction_lag: 1: the first decision starting in a new link phase keeps the
             previous decision's entry (:func:`best_schedule`'s rule); 0: it does not.
+        opening: the flat entry of the episode's first decision (``None``: the schedule's);
+            ``schedule`` then applies from the second decision and may be empty where the
+            opening alone reaches the target.
 
     Returns:
         ``(time to target or None, final held-out loss, final training time)``.
@@ -157,7 +165,10 @@ def simulate(
     starts = [s for s, _ in schedule]
     t, loss, prev, prev_phase = 0.0, model.progress.initial_loss, -1, 0
     while True:
-        k = schedule[int(np.searchsorted(starts, t, side="right")) - 1][1]
+        if opening is not None and prev < 0:
+            k = opening
+        else:
+            k = schedule[int(np.searchsorted(starts, t, side="right")) - 1][1]
         phase = run.phase(t)
         if reaction_lag and prev >= 0 and phase != prev_phase:
             k = prev
@@ -213,6 +224,7 @@ def best_schedule(
     *,
     episode_seed: int | None = None,
     reaction_lag: int = 0,
+    opening: int | None = None,
 ) -> tuple[float | None, list[tuple[float, int]]]:
     """The best one-entry-per-phase schedule on one episode (the dynamic programme).
 
@@ -233,16 +245,20 @@ def best_schedule(
             only through the decisions it played must (the observation after a decision
             reports that decision's link): the best schedule of a causal, reactive player
             with perfect knowledge of everything else.
+        opening: the flat entry the first decision plays whatever the link (a player
+            that has observed nothing yet, where each episode draws its link); the
+            schedule then starts at the second decision. ``None``: the first decision
+            is the first phase's entry (its link is the scenario's, known in advance).
 
     Returns:
         ``(time to target or None, schedule)``: the schedule as ``(phase start_s, flat
         entry)`` pairs, one per phase the episode reached, which :func:`simulate` replays
-        to the same time; an episode that misses the target under every schedule gives
-        ``(None, [])``.
+        to the same time (with the same ``opening``); an episode that misses the target
+        under every schedule gives ``(None, [])``.
 
     Raises:
         ValueError: neither or both of ``reset_seed`` and ``episode_seed``; a
-            ``reaction_lag`` other than 0 or 1.
+            ``reaction_lag`` other than 0 or 1; an ``opening`` off the menu.
     """
     if reaction_lag not in (0, 1):
         raise ValueError(f"reaction_lag must be 0 or 1 (decisions), got {reaction_lag!r}")
@@ -251,11 +267,23 @@ def best_schedule(
             f"give one of reset_seed and episode_seed, got reset_seed={reset_seed!r}, "
             f"episode_seed={episode_seed!r}"
         )
+    if opening is not None and not 0 <= opening < len(model.entries):
+        raise ValueError(
+            f"opening must be a flat entry index in [0, {len(model.entries)}), got {opening!r}"
+        )
     run = _Run(model, cfg, reset_seed, probe_bytes, episode_seed)
     n = len(run.starts)
     states: dict[int, list[tuple[float, float, int, tuple]]] = {
         0: [(0.0, model.progress.initial_loss, -1, ())]
     }
+    if opening is not None:
+        t1, l1 = run.decision(opening, -1, model.progress.initial_loss, 0.0)
+        if l1 <= run.target:
+            return t1, []
+        if t1 >= run.budget:
+            return None, []
+        # the only state with an empty schedule: the opening, which saw phase 0's link
+        states = {run.phase(t1): [(t1, l1, opening, ())]}
     best, plan = math.inf, ()
     for i in range(n):
         end = run.starts[i + 1] if i + 1 < n else math.inf
@@ -263,7 +291,7 @@ def best_schedule(
             if t_in >= best:
                 continue
             t0, l0 = t_in, l_in
-            if reaction_lag and p0 >= 0:
+            if reaction_lag and p0 >= 0 and (sched or i != 0):
                 # the phase's first decision: the player has not seen the new link yet
                 t0, l0 = run.decision(p0, p0, l_in, t_in)
                 if l0 <= run.target:
@@ -302,6 +330,41 @@ def best_schedule_time(
     return best_schedule(model, cfg, reset_seed, probe_bytes, reaction_lag=reaction_lag)[0]
 
 
+def reactive_opening(
+    model: SimModel, cfg: Any, seeds: Sequence[int], probe_bytes: int = 0
+) -> tuple[int, float]:
+    """The best blind first entry of a reactive player over ``seeds`` (a lottery of links).
+
+    Where each episode draws its link, a player that reads the link from its decisions
+    plays its first decision without having seen it; this is the entry for that decision
+    whose mean time to target over ``seeds`` (each then continued by the reactive best
+    schedule, misses at the budget) is least.
+
+    Args:
+        model: the dynamics.
+        cfg: the env config.
+        seeds: the ``env.reset`` seeds to average over (at least one).
+        probe_bytes: the probe each decision runs (0: probe-free).
+
+    Returns:
+        ``(flat entry index, mean time to target s)``.
+
+    Raises:
+        ValueError: no seeds.
+    """
+    if not seeds:
+        raise ValueError("reactive_opening needs at least one seed")
+    budget = float(cfg.time_budget_s)
+    means = []
+    for k in range(len(model.entries)):
+        ts = [
+            best_schedule(model, cfg, s, probe_bytes, reaction_lag=1, opening=k)[0] for s in seeds
+        ]
+        means.append(float(np.mean([budget if t is None else t for t in ts])))
+    k = int(np.argmin(means))
+    return k, means[k]
+
+
 def adaptive_times(
     model: SimModel,
     cfg: Any,
@@ -318,17 +381,18 @@ def adaptive_times(
         seeds: the ``env.reset`` seeds (the order of ``ranking``'s per-seed times).
         ranking: :func:`static_ranking` on ``seeds`` (computed when not given).
         probe_bytes: the probe each decision runs (0: probe-free, as the oracles play).
-        reaction_lag: 1: the reactive bound (:func:`best_schedule`), for a link schedule.
-
-    Raises:
-        ValueError: ``reaction_lag`` 1 on a scenario without a link schedule (conditions
-            drawn per episode have no phase to react to; not modelled).
+        reaction_lag: 1: the reactive bound (:func:`best_schedule`). On a link schedule
+            each phase's first decision keeps the previous entry; where conditions are
+            drawn per episode or fixed, the first decision plays the best blind entry
+            over ``seeds`` (:func:`reactive_opening`) and each seed is then played by its
+            best schedule.
     """
     if reaction_lag and cfg.network_plan.kind != "schedule":
-        raise ValueError(
-            "reaction_lag applies to a link schedule; this scenario's network is "
-            f"{cfg.network_plan.kind!r}"
-        )
+        opening, _ = reactive_opening(model, cfg, seeds, probe_bytes)
+        return [
+            best_schedule(model, cfg, s, probe_bytes, reaction_lag=1, opening=opening)[0]
+            for s in seeds
+        ]
     if cfg.network_plan.kind != "schedule":
         ranking = ranking or static_ranking(model, cfg, seeds, probe_bytes)
         groups: dict[str, list[int]] = {}

@@ -8,7 +8,8 @@ schedule at every ``reset`` of ``commgym/Sim-v1``: each phase's length scaled by
 drawn from ``U(1 - length_jitter, 1 + length_jitter)``, the phases' order kept, and with
 probability ``rate_swap`` a phase's rate replaced by another rate of the scenario (so a
 fast phase can come twice). The episode's per-seed shift then applies as in the real env.
-A fixed link or per-episode profiles are left as they are (they have no trace to vary).
+A fixed link or per-episode profiles are left as they are (they have no trace to vary; the
+profiles are already drawn per episode seed): there only the timing below is randomised.
 
 The decisions' timing is randomised too, where asked: ``compute_scale=(lo, hi)`` draws the
 episode's :attr:`~commgym.env.sim.SimEnv.compute_scale` from ``U(lo, hi)`` (a machine as
@@ -83,10 +84,11 @@ class RandomizedConditions(gym.Wrapper):
     """Redraw the link schedule of a ``commgym/Sim-v1`` env at every reset (module docstring).
 
     Args:
-        env: a :class:`~commgym.env.sim.SimEnv` (possibly wrapped) whose config has a
-            link schedule.
-        length_jitter: relative spread of the phase lengths, in ``[0, 1)``.
-        rate_swap: probability, per phase, of taking another of the schedule's rates.
+        env: a :class:`~commgym.env.sim.SimEnv` (possibly wrapped).
+        length_jitter: relative spread of the phase lengths, in ``[0, 1)`` (a link
+            schedule's; ignored where the network has none).
+        rate_swap: probability, per phase, of taking another of the schedule's rates
+            (likewise).
         compute_scale: ``(lo, hi)``, ``0 < lo <= hi``: the range of each episode's factor
             on the time off the wire; ``None``: the calibration's times (factor 1).
         timing_noise: per-decision log-normal spread of that factor, ``>= 0`` (0: none).
@@ -94,7 +96,8 @@ class RandomizedConditions(gym.Wrapper):
     Raises:
         ValueError: ``length_jitter`` outside ``[0, 1)``, ``rate_swap`` outside
             ``[0, 1]``, ``compute_scale`` not two positive ascending numbers, a negative
-            ``timing_noise``; an env whose config has no link schedule.
+            ``timing_noise``; an env whose config has no link schedule and no timing
+            to randomise (nothing would vary).
     """
 
     def __init__(
@@ -113,10 +116,11 @@ class RandomizedConditions(gym.Wrapper):
         )  # fmt: skip
         cfg = env.unwrapped.config
         plan = cfg.network_plan
-        if plan.kind != "schedule":
+        if plan.kind != "schedule" and compute_scale is None and not timing_noise:
             raise ValueError(
-                f"RandomizedConditions varies a link schedule; this env's network is "
-                f"{plan.kind!r} ({cfg.network!r})"
+                f"RandomizedConditions varies a link schedule or the decisions' timing; this "
+                f"env's network is {plan.kind!r} ({cfg.network!r}), which has no schedule, "
+                "and neither compute_scale nor timing_noise is set"
             )
         self.base = cfg
         self.length_jitter = float(length_jitter)
@@ -146,10 +150,11 @@ class RandomizedConditions(gym.Wrapper):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # noqa: D102
         if self._rng is None or seed is not None:
             self._rng = np.random.default_rng(seed if seed is not None else self.base.seed)
-        network = self.draw()
-        self.schedule = network["schedule"]
         sim = self.env.unwrapped
-        sim.config = dataclasses.replace(self.base, network=network)
+        if self.base.network_plan.kind == "schedule":
+            network = self.draw()
+            self.schedule = network["schedule"]
+            sim.config = dataclasses.replace(self.base, network=network)
         if self.compute_scale is not None:
             sim.compute_scale = float(self._rng.uniform(*self.compute_scale))
         sim.timing_noise = self.timing_noise

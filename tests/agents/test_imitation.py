@@ -65,8 +65,53 @@ def test_the_reactive_schedule_is_never_faster_than_the_anticipating_one():
     assert adaptive_times(env.model, env.config, seeds, reaction_lag=1) == [
         best_schedule(env.model, env.config, s, reaction_lag=1)[0] for s in seeds
     ]
-    with pytest.raises(ValueError, match="reaction_lag applies to a link schedule"):
-        adaptive_times(env.model, _env_cfg(network="10mbit"), seeds, reaction_lag=1)
+
+
+LOTTERY = {"profiles": ["10mbit", "1gbit"]}  # one link per episode, drawn from its seed
+
+
+def test_where_each_episode_draws_its_link_the_reactive_player_opens_blind():
+    """A player that reads the link from its decisions plays the first one without it: one
+    opening entry on every seed (the best: reactive_opening), then each seed's best entry."""
+    from commgym.env.sim import reactive_opening
+
+    # on this fixture topk/H2 is best on 10 Mbit/s, topk/H1 on 1 Gbit/s
+    cfg = _env_cfg(network=LOTTERY, time_budget_s=120.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 1 Gbit/s is interpolated in this calibration
+        env = SimEnv(_calibration(), cfg)
+    model, seeds = env.model, list(range(1000, 1008))
+    drawn = {env.reset(seed=s)[1]["network"] for s in seeds}
+    assert drawn == {"10mbit", "1gbit"}  # both links among these seeds
+    k, mean_s = reactive_opening(model, cfg, seeds)
+    per_opening = []
+    for j in range(len(model.entries)):
+        ts = [best_schedule(model, cfg, s, reaction_lag=1, opening=j)[0] for s in seeds]
+        per_opening.append(float(np.mean([cfg.time_budget_s if t is None else t for t in ts])))
+    assert mean_s == pytest.approx(min(per_opening)) and per_opening[k] == mean_s
+    assert max(per_opening) > mean_s  # the opening matters on this menu
+    # never faster than the contextual oracle, which knows the link from the start
+    assert mean_s >= float(np.mean(adaptive_times(model, cfg, seeds))) - 1e-12
+    assert adaptive_times(model, cfg, seeds, reaction_lag=1) == [
+        best_schedule(model, cfg, s, reaction_lag=1, opening=k)[0] for s in seeds
+    ]
+    for opening, first in (("best", k), ("topk:0.01/25MB/H2", 3)):
+        expert = SimScheduleExpert(opening=opening)
+        for seed in seeds[:3]:
+            t, played = _play(env, expert, seed)
+            best, plan = best_schedule(model, cfg, seed, reaction_lag=1, opening=first)
+            assert played[0] == first and t == pytest.approx(best, rel=1e-12)
+            assert simulate(model, cfg, seed, plan, reaction_lag=1, opening=first)[
+                0
+            ] == pytest.approx(best, rel=1e-12)
+    # a link schedule's first link is the scenario's: "best" adds no blind opening there
+    sched = _env()
+    t, _ = _play(sched, SimScheduleExpert(opening="best"), 1000)
+    assert t == pytest.approx(best_schedule(sched.model, sched.config, 1000, reaction_lag=1)[0])
+    with pytest.raises(ValueError, match="opening 'fp16/25MB/H1' is not an entry.*valid: none/"):
+        _play(env, SimScheduleExpert(opening="fp16/25MB/H1"), 1000)
+    with pytest.raises(ValueError, match=r"opening must be a flat entry index in \[0, 4\)"):
+        best_schedule(model, cfg, 1000, opening=4)
 
 
 def test_warm_start_clones_the_expert_into_ppo_and_its_critic():

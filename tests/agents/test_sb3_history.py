@@ -66,8 +66,13 @@ def test_randomized_conditions_vary_the_trace_and_keep_its_rates(env):
     assert len(set(lengths)) == 3 and all(0.6 <= x <= 1.4 for x in lengths)
     wrapped.reset(seed=3)
     assert wrapped.schedule == traces[0]  # seeded: reproducible
-    with pytest.raises(ValueError, match="varies a link schedule"):
+    with pytest.raises(ValueError, match="neither compute_scale nor timing_noise"):
         RandomizedConditions(SimEnv(_calibration(), _env_cfg(network="10mbit")))
+    # links drawn per episode: only the timing varies, the profiles stay the scenario's
+    lottery = _env_cfg(network={"profiles": ["10mbit", "100mbit"]})
+    timed = RandomizedConditions(SimEnv(_calibration(), lottery), compute_scale=[1.2, 1.2])
+    timed.reset(seed=3)
+    assert timed.unwrapped.config is lottery and timed.unwrapped.compute_scale == 1.2
 
 
 def test_normalize_learns_on_scaled_observations_and_keeps_the_scale_in_the_file(env, tmp_path):
@@ -115,3 +120,39 @@ def test_a_policy_that_does_not_read_the_probe_learns_and_acts_without_it(env, t
     assert not loaded.reads_probe
     with pytest.raises(ValueError, match="probe must be true or false"):
         make_agent("ppo", env, probe="no")
+
+
+def test_obs_fields_zero_what_the_policy_does_not_read(env, tmp_path):
+    """``obs_fields``: the unread fields are 0 while learning (the algorithm's env) and while
+    acting (``predict``), so the policy cannot depend on them; the file keeps the choice."""
+    from commgym.env.spaces import OBSERVATION_FIELDS
+
+    names = [f.name for f in OBSERVATION_FIELDS]
+    read = ["step_time_s", "eval_loss", "compression_index"]
+    agent = make_agent(
+        "ppo", env, seed=0, history=2, normalize=True, obs_fields=read, n_steps=32,
+        batch_size=32,
+    )  # fmt: skip
+    venv = agent._learning_env(SimEnv(_calibration(), _env_cfg(network=FLAKY)))
+    venv.seed(3)
+    venv.reset()
+    for _ in range(5):
+        venv.step(np.array([env.action_space.sample()]))
+        seen = venv.get_original_obs()[0].reshape(2, -1)
+        off = [j for j, n in enumerate(names) if n not in read]
+        assert not seen[:, off].any() and seen[1, names.index("step_time_s")] > 0
+    agent.learn(64)
+    obs, _ = env.reset(seed=11)
+    noisy = obs.copy()
+    noisy[names.index("log10_grad_norm")] += 50.0  # a field it does not read
+    a1, _ = agent.predict(obs, episode_start=np.array([True]))
+    a2, _ = agent.predict(noisy, episode_start=np.array([True]))
+    np.testing.assert_array_equal(a1, a2)
+    loaded = load_agent(agent.save(tmp_path / "masked"), env=env)
+    assert loaded.hyperparams["obs_fields"] == read
+    a3, _ = loaded.predict(noisy, episode_start=np.array([True]))
+    np.testing.assert_array_equal(a1, a3)
+    with pytest.raises(ValueError, match="unknown fields \\['grad_norm'\\]; valid: step_time_s"):
+        make_agent("ppo", env, obs_fields=["grad_norm"])
+    with pytest.raises(ValueError, match="non-empty list"):
+        make_agent("ppo", env, obs_fields="eval_loss")

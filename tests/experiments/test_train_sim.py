@@ -142,8 +142,9 @@ def test_sim_randomize_redraws_the_link_trace_while_learning(tmp_path, monkeypat
     assert len(traces) >= 2 and len({str(t) for t in traces}) == len(traces), traces
     assert all([s for _, s in t] == ["10mbit", "100mbit", "10mbit"] for t in traces)
     assert sim.unwrapped.config.network_plan is cfg.env_config.network_plan
-    with pytest.raises(ValueError, match="sim_randomize redraws a link schedule"):
+    with pytest.raises(ValueError, match="which has no schedule"):
         RunConfig(env_kind="sim", sim_randomize={"length_jitter": 0.4})
+    RunConfig(env_kind="sim", sim_randomize={"timing_noise": 0.1})  # timing alone: any link
     with pytest.raises(ValueError, match="env_kind is 'real'"):
         RunConfig(env=cfg.env, sim_randomize={"length_jitter": 0.4})
     with pytest.raises(ValueError, match="sim_randomize: compute_scale must be"):
@@ -189,3 +190,7 @@ def test_sim_warm_start_clones_the_reactive_oracle_before_rl(tmp_path, capsys):
         RunConfig(env_kind="sim", sim_warm_start={"epochs": 3})
     with pytest.raises(ValueError, match=r"sim_warm_start\.episodes"):
         RunConfig(env_kind="sim", sim_warm_start={"episodes": 0})
+    with pytest.raises(ValueError, match="opening 'topk:0.5/25MB/H1' is not an entry.*valid: "):
+        RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "opening": "topk:0.5/25MB/H1"})
+    for opening in ("best", None, "none/25MB/H1"):
+        RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "opening": opening})
