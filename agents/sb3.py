@@ -237,8 +237,7 @@ class SB3Agent(Agent):
         return {k: _plain(v) for k, v in self._hyperparams.items()}
 
     def _algo_env(self, env: gym.Env) -> gym.Env:
-        """The env as the SB3 algorithm sees it (probe-free episodes unless it reads it;
-        the fields it does not read at 0)."""
+        """The env as the SB3 algorithm sees it: probe-free unless it reads it, unread fields 0."""
         env = env if self.reads_probe else _ProbeOff(env)
         return env if self._mask is None else _FieldMask(env, self._mask)
 
@@ -718,7 +717,8 @@ class _FieldMask(gym.ObservationWrapper):
         super().__init__(env)
         self.mask = mask
 
-    def observation(self, observation: np.ndarray) -> np.ndarray:  # noqa: D102
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        """``observation`` times the mask (float32)."""
         return (observation * self.mask).astype(np.float32)
 
 

@@ -108,7 +108,7 @@ def test_where_each_episode_draws_its_link_the_reactive_player_opens_blind():
     sched = _env()
     t, _ = _play(sched, SimScheduleExpert(opening="best"), 1000)
     assert t == pytest.approx(best_schedule(sched.model, sched.config, 1000, reaction_lag=1)[0])
-    with pytest.raises(ValueError, match="opening 'fp16/25MB/H1' is not an entry.*valid: none/"):
+    with pytest.raises(ValueError, match=r"opening 'fp16/25MB/H1' is not an entry.*valid: none/"):
         _play(env, SimScheduleExpert(opening="fp16/25MB/H1"), 1000)
     with pytest.raises(ValueError, match=r"opening must be a flat entry index in \[0, 4\)"):
         best_schedule(model, cfg, 1000, opening=4)

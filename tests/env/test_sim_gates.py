@@ -92,6 +92,10 @@ def test_a_record_that_is_the_simulator_passes_every_gate(scenario):
     )
     assert r["mape"]["step_time"] == pytest.approx(0.0, abs=1e-9) and r["mape"]["pass"]
     assert r["decisions_per_s"] > 0
+    # the reactive bound on drawn links: a blind first decision, then each link's best;
+    # between the contextual oracle (the link known) and the best static entry
+    h = r["headroom"]
+    assert h["sim_T_adaptive"] - 1e-9 <= h["sim_reactive"]["T_adaptive"] <= h["sim_T_static"]
     import mlflow
 
     client = mlflow.MlflowClient(f"sqlite:///{scenario[3]}/mlflow.db")

@@ -264,6 +264,14 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         "test_sim_warm_start_clones_the_reactive_oracle_before_rl, the cloning itself in "
         "tests/agents/test_imitation.py"
     ),
+    "commgym train --config link-lottery-bc": NotInCI(
+        "the calibration's real ranks, a minute of cloning and 50,000 simulated PPO decisions, "
+        "then 32 real episodes (about 13 minutes: each 10 Mbit/s decision's held-out evaluation "
+        "crosses the slow link); the blind opening runs in tests/agents/test_imitation.py::"
+        "test_where_each_episode_draws_its_link_the_reactive_player_opens_blind, obs_fields in "
+        "tests/agents/test_sb3_history.py, the warm start's path in tests/experiments/"
+        "test_train_sim.py"
+    ),
     "commgym calibrate-sim --config flaky-link": NotInCI(
         "4 real ranks for about 4 minutes; the same calibrate_sim on a tiny setting is the "
         "session fixture tiny_calibration (tests/conftest.py), the command's record option is "

@@ -190,7 +190,7 @@ def test_sim_warm_start_clones_the_reactive_oracle_before_rl(tmp_path, capsys):
         RunConfig(env_kind="sim", sim_warm_start={"epochs": 3})
     with pytest.raises(ValueError, match=r"sim_warm_start\.episodes"):
         RunConfig(env_kind="sim", sim_warm_start={"episodes": 0})
-    with pytest.raises(ValueError, match="opening 'topk:0.5/25MB/H1' is not an entry.*valid: "):
+    with pytest.raises(ValueError, match=r"opening 'topk:0\.5/25MB/H1' is not an entry.*valid: "):
         RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "opening": "topk:0.5/25MB/H1"})
     for opening in ("best", None, "none/25MB/H1"):
         RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "opening": opening})
