@@ -78,7 +78,7 @@ class SimScheduleExpert:
             raise ValueError(f"reaction_lag must be 0 or 1 (decisions), got {reaction_lag!r}")
         self.reaction_lag = reaction_lag
         self.opening = opening
-        self._opening_k: dict[str, int | None] = {}  # per network config: flat entry
+        self._opening_k: dict[str, int | None] = {}  # per network config and probe: entry
         self._key: tuple[Any, ...] | None = None
         self._plan: list[tuple[float, int]] = []
         self._prev: tuple[int, int] | None = None  # (phase, flat entry) of the last decision
@@ -144,7 +144,7 @@ class SimScheduleExpert:
 
     def _resolve_opening(self, env: Any) -> int | None:
         """The flat entry of the first decision on ``env``'s conditions (``None``: none)."""
-        net = repr(env.config.network)
+        net = f"{env.config.network!r}|{env.probe_bytes}"
         if net in self._opening_k:
             return self._opening_k[net]
         from commgym.env.sim import reactive_opening
