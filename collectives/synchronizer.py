@@ -592,7 +592,8 @@ class GradientSynchronizer:
             raise RuntimeError(
                 f"gradient of parameter {index} was accumulated twice before synchronize(); "
                 "call synchronize() after every backward, or run all but the last "
-                "micro-batch's backward inside `with sync.no_sync():` to accumulate"
+                "micro-batch's backward inside `with no_sync():` to accumulate (the "
+                "GradientSynchronizer's, or the CommScheduler's that wraps it)"
             )
         if not st.started:
             # launch buckets holding parameters unused in this backward at its end
