@@ -125,9 +125,8 @@ def _complete_seeds(cache: _RealCache, env_cfg: Any, spec: str) -> list[int]:
     """Seeds whose every entry has a real cell on ``spec``."""
     cells = cache.data["cells"]
     seeds = {int(k.split("|")[1]) for k in cells if k.split("|")[0] == spec}
-    return sorted(
-        s for s in seeds if all(_RealCache.cell(spec, s, e) in cells for e in _entries(env_cfg))
-    )
+    entries = env_cfg.menu.entry_names()
+    return sorted(s for s in seeds if all(_RealCache.cell(spec, s, e) in cells for e in entries))
 
 
 def _real_conditions(
@@ -150,12 +149,9 @@ def _real_conditions(
         plan = {
             spec: [] if _complete_seeds(cache, env_cfg, spec) else list(seeds) for spec in specs
         }
+    entries = env_cfg.menu.entry_names()
     for spec, want in plan.items():
-        todo = [
-            s
-            for s in want
-            if any(_RealCache.cell(spec, s, e) not in cells for e in _entries(env_cfg))
-        ]
+        todo = [s for s in want if any(_RealCache.cell(spec, s, e) not in cells for e in entries)]
         if todo:
             env = _fixed_env(env_cfg, None if spec == "loopback" else spec)
             try:
@@ -171,10 +167,6 @@ def _real_conditions(
     return time.perf_counter() - t0
 
 
-def _entries(env_cfg: Any) -> list[str]:
-    return env_cfg.menu.entry_names()
-
-
 def _real_holdout(cache: _RealCache, env_cfg: Any, spec: str, decisions: int) -> float:
     """A few decisions per entry on a link rate the calibration never recorded."""
     from commgym.agents.baselines import StaticAgent
@@ -186,7 +178,7 @@ def _real_holdout(cache: _RealCache, env_cfg: Any, spec: str, decisions: int) ->
     env = _fixed_env(env_cfg, spec, max_decisions=decisions + 1)
     out = {}
     try:
-        for entry in _entries(env_cfg):
+        for entry in env_cfg.menu.entry_names():
             ep = rollout(env, StaticAgent(env, preset=entry), 1_000, target_loss=None)
             out[entry] = _episode_cell(ep)["steps"]
     finally:
@@ -212,28 +204,26 @@ def _real_scenario(cache: _RealCache, name: str, env_cfg: Any, seeds: list[int])
     t0 = time.perf_counter()
     if env_cfg.network_plan.kind != "schedule":
         # the contextual oracle from the per-link cells of the seeds' drawn links
+        entries = env_cfg.menu.entry_names()
         per_seed = {}
         for s in seeds:
             sched, _, _ = episode_conditions(env_cfg, episode_seed_of(s))
             spec = str(sched.spec_at(0.0)) if sched is not None else "loopback"
             per_seed[s] = (
                 spec,
-                {
-                    e: cache.data["cells"][_RealCache.cell(spec, s, e)]["time"]
-                    for e in _entries(env_cfg)
-                },
+                {e: cache.data["cells"][_RealCache.cell(spec, s, e)]["time"] for e in entries},
             )
 
         def mean(ts: list[float | None]) -> float:
             return float(np.mean([budget if t is None else t for t in ts]))
 
-        static = {e: mean([per_seed[s][1][e] for s in seeds]) for e in _entries(env_cfg)}
+        static = {e: mean([per_seed[s][1][e] for s in seeds]) for e in entries}
         best = min(static, key=static.get)
         adaptive = []
         for s in seeds:
             spec = per_seed[s][0]
             group = [x for x in seeds if per_seed[x][0] == spec]
-            pick = min(_entries(env_cfg), key=lambda e: mean([per_seed[x][1][e] for x in group]))
+            pick = min(entries, key=lambda e: mean([per_seed[x][1][e] for x in group]))
             adaptive.append(per_seed[s][1][pick])
         source = "real oracle-static search grouped by drawn link (contextual oracle, search times)"
     else:
@@ -335,7 +325,7 @@ def run_sim_gates(
             _real_scenario(cache, scenario, env_cfg, seeds)
             adv(1)
             real_s = time.perf_counter() - t0
-    entries = _entries(env_cfg)
+    entries = env_cfg.menu.entry_names()
     model = SimModel(cal, env_cfg.menu, env_cfg.steps_per_decision)
     # the oracles play probe-free where the env has that option (static players read none)
     probe = 0 if getattr(env_cfg, "probe_for_all", None) is False else env_cfg.probe_bytes
