@@ -8,8 +8,12 @@ progress per entry from the current loss, what a switch costs) how long each men
 would take from *here* to the target, and plays the fastest. It reads what a table indexed
 by the link cannot:
 
-* the **link**, from the probe (``log10_probe_gbps``): the rate whose modelled probe time
-  matches the measured one (a continuous estimate, so a rate never calibrated works too);
+* the **link**, from the probe (``link_from="probe"``, ``log10_probe_gbps``: the rate whose
+  modelled probe time matches the measured one, a continuous estimate, so a rate never
+  calibrated works too) or, probe-free (``link_from="timing"``), from the decision's own
+  timing: a Bayes filter over the calibrated links, the measured ``step_time_s`` of the
+  entry just played against each link's modelled one (an entry that times the links alike
+  leaves the belief as it was; the plan weighs every link the reading leaves possible);
 * the **remaining loss** (``eval_loss``): progress per decision depends on where training
   is, so the best entry changes as the target comes near;
 * the **switch cost**: leaving a local-SGD period for period 1 averages the optimizer state,
@@ -19,19 +23,32 @@ by the link cannot:
   ranks by the loss it would reach.
 
 Receding horizon: the plan assumes the condition holds until the target and is redone at
-the next decision with the next measurement. The probe measures the link the *previous*
-decision ran on, so a switch since then is seen one decision late, and one decision of a
-dense entry on a congested link can cost more than a whole phase. The agent therefore
-**anticipates** from what the episode showed so far: each link's completed dwell times give
-the probability ``p`` that the current one has ended by now (the share of its earlier dwells
-shorter than the time it has lasted), and every entry is scored by
-``(1 - p) T(entry | link stays) + p T(entry | the link before it is back)``. What it has
-seen of the scenario's links before (``learn``: episodes played in the env it is given,
-e.g. the training seeds in the simulator or a few real decisions; only the probe's
-readings are kept) adds those dwells, and which link followed which, to the episode's
-own, so the first cycle of an episode is anticipated too. Before the first probe it plays
-the *safe* entry: the one whose worst time to target over the calibrated links is
-smallest.
+the next decision with the next measurement. Either reading measures the link the
+*previous* decision ran on, so a switch since then is seen one decision late, and one
+decision of a dense entry on a congested link can cost more than a whole phase. The agent
+therefore scores every entry by its **expected** time over whether the link changes before
+the next decision, ``(1 - p) T(entry | link stays) + p T(entry | another link comes)``
+(Fugu's MPC likewise plans over a distribution of transmission times, not a point
+estimate), with
+
+* ``p`` the **hazard**, the share of decisions that met a new link (Laplace's rule of
+  succession, ``(changes + 1) / (decisions + 2)``, so a few decisions never make the
+  link certain to hold); with ``anticipate=True``, once the current link has ended
+  before, the share of its completed dwells shorter than the time it has lasted instead
+  (phases of typical lengths: a link that just came is safe for a while);
+* the other link: the one before it in this episode, else the one that followed it most
+  often before, else the calibrated link that would cost the entry most (robust).
+
+What it has seen of the scenario's links before (``learn``: episodes played in the env it is
+given, e.g. the training seeds in the simulator or a few real decisions; only the link
+readings are kept) adds its decisions, changes, dwells and which link followed which to
+the episode's own: after episodes whose link never changed the hazard is near 0 and the
+agent plays each link's best entry; where links alternate it hedges. Before the first
+reading it plays the *safe* entry: the one whose worst time to target over the
+calibrated links is smallest (probe-free, among the entries that time the links at
+least 2x apart, so the first reading is sure; the machine's speed against the
+calibration is then estimated from each reading on the link it names, and scales the
+modelled time off the wire of later readings).
 
 Decision time: each plan simulates at most ``max_decisions_ahead`` decisions per entry on
 plain Python floats; it is reported by the tests (``plan_s``), not assumed.
@@ -39,7 +56,6 @@ plain Python floats; it is reported by the tests (``plan_s``), not assumed.
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from pathlib import Path
@@ -58,6 +74,25 @@ _FIELD = {f.name: i for i, f in enumerate(OBSERVATION_FIELDS)}
 #: Candidate link rates of the probe's inversion, bit/s (log-spaced, 1 Mbit/s .. 100 Gbit/s).
 RATE_GRID = tuple(float(r) for r in np.logspace(6, 11, 61))  # 12 per decade: 1e7, 1e10 on it
 
+#: How the agent reads the link: the probe all-reduce, or the decision's own timing.
+LINK_READINGS = ("probe", "timing")
+
+#: Probe-free, the opening entry's modelled iterations on the calibrated links lie at
+#: least this far apart where the menu has such an entry (:meth:`_safe_entry`).
+OPENING_SEPARATION = 2.0
+
+#: A timing reading this probable names the link in the history (dwells, changes) and
+#: gives a speed reading; below it the history keeps the link it had.
+SURE = 0.9
+
+#: Speed readings kept per episode (their median scales the modelled time off the wire).
+SCALE_MEMORY = 8
+
+#: Spread of a measured median iteration around the model's, in log (the simulator's
+#: step-time error on held-out decisions is 9-12 %, the host's own drift within a run
+#: ~5-10 %): the width of the timing reading's likelihood.
+TIMING_SIGMA = 0.12
+
 
 class ModelPredictiveAgent(StepAgent):
     """Receding-horizon planning over the calibrated simulator model (module docstring).
@@ -69,10 +104,19 @@ class ModelPredictiveAgent(StepAgent):
         seed: unused (the agent is deterministic).
         max_decisions_ahead: the planning horizon in decisions (each entry's simulation
             stops there and ranks by the loss reached).
+        link_from: ``"probe"`` (reads ``log10_probe_gbps``; the env runs the probe and its
+            time counts) or ``"timing"`` (probe-free: reads ``step_time_s`` of the entry
+            just played against the calibrated links). None: ``"timing"`` where the
+            calibration recorded a shaped link, else ``"probe"``.
+        anticipate: also expect a link to end after its typical dwell (module
+            docstring); off by default: on ``flaky-link`` in the simulator the dwells'
+            spread made it play entries that cost a whole slow phase when the link came
+            early (docs/simulator.md).
 
     Raises:
-        ValueError: no calibration, one that does not fit the env's config, or a horizon
-            below 1.
+        ValueError: no calibration, one that does not fit the env's config, a horizon
+            below 1, or ``link_from`` not in :data:`LINK_READINGS` (``"timing"`` also
+            needs a calibration with at least one shaped link).
         FileNotFoundError: the calibration file does not exist.
     """
 
@@ -85,6 +129,8 @@ class ModelPredictiveAgent(StepAgent):
         calibration: str | None = None,
         seed: int | None = None,
         max_decisions_ahead: int = 400,
+        link_from: str | None = None,
+        anticipate: bool = True,
     ) -> None:
         if calibration is None:
             raise ValueError(
@@ -99,8 +145,17 @@ class ModelPredictiveAgent(StepAgent):
             raise ValueError(
                 f"max_decisions_ahead must be an integer >= 1, got {max_decisions_ahead!r}"
             )
+        if link_from is not None and link_from not in LINK_READINGS:
+            raise ValueError(
+                f"link_from must be one of {list(LINK_READINGS)}, got {link_from!r}"
+            )
         super().__init__(
-            env, seed=seed, calibration=str(calibration), max_decisions_ahead=max_decisions_ahead
+            env,
+            seed=seed,
+            calibration=str(calibration),
+            max_decisions_ahead=max_decisions_ahead,
+            link_from=link_from,
+            anticipate=anticipate,
         )
         from commgym.env.sim import Calibration, SimModel
 
@@ -115,6 +170,9 @@ class ModelPredictiveAgent(StepAgent):
         self.horizon = int(max_decisions_ahead)
         self.budget_s = float(cfg.time_budget_s)
         self.target = float(cfg.target_loss if cfg.target_loss is not None else cal.target_loss)
+        n = len(self.model.entries)
+        self._reaches = [self.model.reaches(j, self.target) for j in range(n)]
+        self._goal_pos = [self.model.position(j, self.target) for j in range(n)]
         self.probe_bytes = int(cfg.probe_bytes)
         self.world_size = int(cfg.world_size)
         self._nvec = tuple(int(n) for n in self.menu.nvec)
@@ -122,12 +180,46 @@ class ModelPredictiveAgent(StepAgent):
         self._rates: list[float | None] = [None, *RATE_GRID]
         self._probe_log_gbps = [self._modelled_probe(r) for r in self._rates]
         recorded = sorted(cal.wire.links)
+        if link_from is None:  # probe-free wherever the calibration can name a link
+            link_from = "timing" if recorded else "probe"
+        self._hyperparams["link_from"] = link_from
         self._fastest = float(recorded[-1]) if recorded else math.inf
-        self._safe = self._safe_entry([None, *map(float, recorded)])
-        #: what ``learn`` saw: link -> completed dwell lengths (s), and link -> the links
-        #: that followed it (counts); plain values, saved with the policy
+        #: the links a reading can name and a robust plan weighs (None: unshaped)
+        self._links: list[float | None] = [None, *map(float, recorded)]
+        self.link_from = link_from
+        if not isinstance(anticipate, bool):
+            raise ValueError(f"anticipate must be true or false, got {anticipate!r}")
+        self.anticipate = anticipate
+        #: a probe-free reader does not run the probe (the rollout resets without it)
+        self.reads_probe = link_from == "probe"
+        #: the probe bytes each planned decision pays for (none without the probe)
+        self._probe_paid = self.probe_bytes if self.reads_probe else 0
+        if link_from == "timing":
+            if not recorded:
+                raise ValueError(
+                    "link_from='timing' names a calibrated link from the entry's step time; "
+                    f"{str(path)!r} has no shaped link (calibrate on the scenario's links)"
+                )
+            # shaped links only: above the burst a fast link times like loopback
+            self._timing_links = [float(r) for r in recorded]
+            self._timing_step = [
+                [t.step_s for t in self.model.timings(r)] for r in self._timing_links
+            ]
+            # per iteration off the wire (compute, codec; the same on every link): the
+            # part a slower or faster machine scales
+            steps = self.model.k
+            self._off_wire = [
+                max(t.train_s - t.rounds * t.exchange_s, 0.0) / steps
+                for t in self.model.timings(self._timing_links[0])
+            ]
+        self._safe = self._safe_entry(self._links)
+        #: what ``learn`` saw: link -> completed dwell lengths (s), link -> the links that
+        #: followed it (counts), and decisions and link changes seen; plain values, saved
+        #: with the policy
         self.prior_dwells: dict[str, list[float]] = {}
         self.prior_next: dict[str, dict[str, int]] = {}
+        self.prior_decisions = 0
+        self.prior_changes = 0
         self._seen: dict[str, Any] | None = None
         #: wall seconds of the last plan (decision time, reported by tests and benches)
         self.plan_s = 0.0
@@ -159,90 +251,235 @@ class ModelPredictiveAgent(StepAgent):
         inside = [i for i in shaped if self._rates[i] <= self._fastest * (1 + 1e-9)]
         return self._rates[max(inside or [min(shaped)])]
 
-    def plan(
-        self, loss: float, now_s: float, prev: int, trace: list[tuple[float, float | None]]
+    def link_posterior(
+        self,
+        entry: int,
+        step_s: float,
+        prior: list[float] | None = None,
+        scale: float = 1.0,
     ) -> list[float]:
-        """Every flat entry's modelled time to target from here, s, over a predicted trace.
+        """P(each calibrated link | the measured median iteration of ``entry``).
 
-        The rollout algorithm over the model (one-step lookahead on a base policy): entry
-        ``k`` for the next decision, then, decision by decision, the base policy: the entry
-        with the most progress per second at the current loss on the link in force.
+        A Bayes update over the calibrated links (an HMM filter's measurement step): the
+        likelihood of ``log step_s`` is normal around each link's modelled
+        ``log(step + (scale - 1) * off_wire)`` with :data:`TIMING_SIGMA`; an entry that
+        times the links alike leaves the prior as it was.
 
         Args:
-            loss: the held-out loss now, nats.
-            now_s: the episode's training time now, s.
-            prev: the flat entry played last (``-1``: none).
-            trace: the predicted links, ``(start_s, rate)`` pairs in time order, the first
-                at or before ``now_s`` (``rate`` None: unshaped).
+            entry: the flat entry the measured decision played.
+            step_s: its measured median iteration, s (``step_time_s``).
+            prior: P(each link) before the reading, in ``self._timing_links`` order
+                (None: uniform).
+            scale: the machine's speed against the calibration's, off the wire (the
+                episode's estimate, :func:`_scale`).
 
         Returns:
-            Per flat entry the time to target from ``now_s``; an entry that misses it within
-            the budget or the horizon returns ``budget - now_s + the loss it reaches`` (at
-            least the rest of the budget, ranked among misses by loss).
+            The posterior, one probability per calibrated link (sums to 1).
         """
-        model, n = self.model, len(self.model.entries)
-        base = {}
-        for _, rate in trace:
-            if rate not in base:
-                timings = model.timings(rate)
-                gain = [
-                    (math.log(loss) - math.log(model.next_loss(k, loss))) / timings[k].train_s
-                    for k in range(n)
-                ]
-                base[rate] = int(np.argmax(gain))
-        starts = [t for t, _ in trace]
-        out = []
-        for k in range(n):
-            t, cur, last = now_s, loss, prev
-            reached = math.inf
-            for i in range(self.horizon):
-                rate = trace[max(bisect.bisect_right(starts, t) - 1, 0)][1]
-                entry = k if i == 0 else base[rate]
-                switched = last >= 0 and entry != last
-                t += model.switch_s(last, entry, rate) if switched else 0.0
-                t += model.timings(rate)[entry].train_s + model.probe_s(self.probe_bytes, rate)
-                cur = model.next_loss(entry, cur, last)
-                last = entry
-                if cur <= self.target:
-                    reached = t - now_s
-                    break
-                if t >= self.budget_s:
-                    break
-            # a miss takes at least what is left of the budget; ranked among misses by loss
-            out.append(reached if math.isfinite(reached) else self.budget_s - now_s + cur)
-        return out
+        x = math.log(max(step_s, 1e-9))
+        off = (scale - 1.0) * self._off_wire[entry]
+        n = len(self._timing_links)
+        prior = prior or [1.0 / n] * n
+        z = [
+            -0.5 * ((math.log(max(row[entry] + off, 1e-9)) - x) / TIMING_SIGMA) ** 2
+            for row in self._timing_step
+        ]
+        top = max(z)
+        w = [pr * math.exp(v - top) for pr, v in zip(prior, z, strict=True)]
+        total = sum(w)
+        return [v / total for v in w] if total > 0 else [1.0 / n] * n
 
-    def _safe_entry(self, rates: list[float | None]) -> int:
-        """The flat entry with the smallest worst-case time to target over ``rates``."""
-        loss0 = self.model.progress.initial_loss
-        worst = np.max([self.plan(loss0, 0.0, -1, [(0.0, r)]) for r in rates], axis=0)
-        return int(np.argmin(worst))
+    def read_link(self, obs: np.ndarray, state: dict[str, Any] | None = None) -> Any:
+        """The link the decision that produced ``obs`` ran on, and how sure the reading is.
 
-    # -- StepAgent ------------------------------------------------------------------
-    def _act(self, obs: np.ndarray, state: Any, deterministic: bool) -> tuple[np.ndarray, Any]:
-        t0 = time.perf_counter()
-        probe = float(obs[_FIELD["log10_probe_gbps"]])
-        now = float(obs[_FIELD["elapsed_frac"]]) * self.budget_s
-        if probe == 0.0 or now == 0.0:  # no measurement of the link yet
-            self.plan_s = time.perf_counter() - t0
-            return self._action(self._safe), state
+        ``link_from="probe"``: :meth:`rate_from_probe`, certain; ``"timing"``:
+        :meth:`link_posterior` of the entry ``obs`` names, from the episode's belief in
+        ``state`` (:func:`_observe_link`'s history; None at the start) carried one decision
+        on by the hazard, at the episode's speed estimate.
+
+        Returns:
+            ``(rate, posterior)``: the most probable link (``"unknown"`` without a reading;
+            the link the history had where the most probable other is below :data:`SURE`)
+            and ``{rate: probability}`` over the links a plan weighs.
+        """
+        if self.link_from == "probe":
+            probe = float(obs[_FIELD["log10_probe_gbps"]])
+            if probe == 0.0:
+                return "unknown", {}
+            rate = self.rate_from_probe(probe)
+            return rate, {rate: 1.0}
+        step = float(obs[_FIELD["step_time_s"]])
+        if step <= 0.0:
+            return "unknown", {}
+        prior = None
+        if state and state.get("belief"):
+            h = self._hazard(state)
+            n = len(self._timing_links)
+            prior = [(1 - h) * q + h * (1 - q) / max(n - 1, 1) for q in state["belief"]]
+        post = self.link_posterior(self._entry_of(obs), step, prior, _scale(state))
+        best = int(np.argmax(post))
+        rate = self._timing_links[best]
+        if state and post[best] < SURE and rate != state["value"]:
+            # an unsure reading does not move the link's history (dwells, changes, the
+            # hazard): a misread would record a change that never happened
+            rate = state["value"]
+        return rate, dict(zip(self._timing_links, post, strict=True))
+
+    def _observe_reading(
+        self,
+        state: dict[str, Any] | None,
+        obs: np.ndarray,
+        rate: Any,
+        posterior: dict[Any, float],
+        start_s: float,
+    ) -> dict[str, Any]:
+        """The history after ``rate`` was read from ``obs`` (:func:`_observe_link`), with,
+        probe-free, the belief over the links and the speed a sure reading implies:
+        ``1 + (measured - modelled) / off_wire`` on the link read (kept where the link is
+        at least :data:`SURE` and the entry spends at least 10 % of its iteration off the
+        wire; the last :data:`SCALE_MEMORY`, their median is the estimate)."""
+        new = _observe_link(state, rate, start_s)
+        if self.link_from != "timing":
+            return new
+        new["belief"] = [posterior[r] for r in self._timing_links]
+        k = self._entry_of(obs)
+        off = self._off_wire[k]
+        step = self._timing_step[self._timing_links.index(rate)][k]
+        if posterior[rate] >= SURE and off >= 0.1 * step:
+            implied = 1.0 + (float(obs[_FIELD["step_time_s"]]) - step) / off
+            kept = [*new.get("scales", []), min(max(implied, 0.5), 3.0)]
+            new["scales"] = kept[-SCALE_MEMORY:]
+        return new
+
+    def _hazard(self, state: dict[str, Any]) -> float:
+        """P(a new link at a decision): ``(changes + 1) / (decisions + 2)`` over this
+        episode's and ``learn``'s readings (Laplace's rule of succession)."""
+        decisions = state["decisions"] + self.prior_decisions
+        changes = state["changes"] + self.prior_changes
+        return (changes + 1) / (decisions + 2)
+
+    def _entry_of(self, obs: np.ndarray) -> int:
+        """The flat entry ``obs``'s index fields name (the one configured last)."""
         idx = [
             round(float(obs[_FIELD[f]]) * max(n - 1, 0))
             for f, n in zip(
                 ("compression_index", "bucket_index", "period_index"), self._nvec, strict=True
             )
         ]
-        prev = int(np.ravel_multi_index(tuple(idx), self._nvec))
-        rate = self.rate_from_probe(probe)
-        # the probe timed the link of the decision that started at the last decision point
-        state = _observe_link(state, rate, state["now"] if state else 0.0)
+        return int(np.ravel_multi_index(tuple(idx), self._nvec))
+
+    def plan(
+        self, loss: float, now_s: float, prev: int, rate: float | None
+    ) -> list[float]:
+        """Every flat entry's modelled time to target from here, s, with ``rate`` in force.
+
+        The rollout algorithm over the model (one-step lookahead on a base policy,
+        Bertsekas): one decision of entry ``k`` (its switch from ``prev`` included), then
+        the fastest single entry from the loss it reaches, its switch from ``k`` and the
+        progress that switch loses included, in closed form from the progress tables (a
+        decision advances an entry's table by one position). The base policy is static,
+        so every candidate is charged what its own next switch costs, and the lookahead
+        risks one decision, as the next reading comes one decision later.
+
+        Args:
+            loss: the held-out loss now, nats.
+            now_s: the episode's training time now, s.
+            prev: the flat entry played last (``-1``: none).
+            rate: the link, bit/s (None: unshaped), for the decision and after it.
+
+        Returns:
+            Per flat entry the time to target from ``now_s``; where no entry reaches the
+            target within ``max_decisions_ahead`` decisions, ``budget - now_s + loss``
+            (at least the rest of the budget, ranked among misses by loss).
+        """
+        model, n = self.model, len(self.model.entries)
+        timings = model.timings(rate)
+        probe = model.probe_s(self._probe_paid, rate)
+        out = []
+        for k in range(n):
+            switched = prev >= 0 and prev != k
+            first = (model.switch_s(prev, k, rate) if switched else 0.0) + timings[k].train_s
+            after = model.next_loss(k, loss, prev)
+            if after <= self.target:
+                out.append(first + probe)
+                continue
+            out.append(first + probe + self._rest(after, k, rate, now_s))
+        return out
+
+    def _rest(self, loss: float, last: int, rate: float | None, now_s: float) -> float:
+        """Time to target from ``loss`` with ``last`` in place: the fastest single entry."""
+        model = self.model
+        timings = model.timings(rate)
+        probe = model.probe_s(self._probe_paid, rate)
+        best = math.inf
+        for j in range(len(model.entries)):
+            if not self._reaches[j]:
+                continue
+            need = self._goal_pos[j] - model.position(j, loss)
+            # fractional: a whole number would round away what one decision's progress
+            # is worth, the very difference the lookahead weighs
+            decisions = max(need + model.penalty[last][j], 0.0)
+            if decisions > self.horizon:
+                continue
+            t = decisions * (timings[j].train_s + probe) + model.switch_s(last, j, rate)
+            best = min(best, t)
+        return best if math.isfinite(best) else self.budget_s - now_s + loss
+
+    def _safe_entry(self, rates: list[float | None]) -> int:
+        """The flat entry with the smallest worst-case time to target over ``rates``.
+
+        Probe-free, among the entries whose modelled iterations on every two calibrated
+        links lie at least :data:`OPENING_SEPARATION` apart where one exists: the first
+        reading then names the link whatever the machine's speed (within a factor ~1.4),
+        and the speed estimate starts from a reading it can trust.
+        """
+        loss0 = self.model.progress.initial_loss
+        worst = np.max([self.plan(loss0, 0.0, -1, r) for r in rates], axis=0)
+        if self.link_from == "timing" and len(self._timing_links) > 1:
+            apart = [
+                min(
+                    abs(math.log(a[k]) - math.log(b[k]))
+                    for i, a in enumerate(self._timing_step)
+                    for b in self._timing_step[i + 1 :]
+                )
+                for k in range(len(worst))
+            ]
+            telling = [k for k in range(len(worst)) if apart[k] >= math.log(OPENING_SEPARATION)]
+            if telling:
+                return min(telling, key=lambda k: worst[k])
+        return int(np.argmin(worst))
+
+    # -- StepAgent ------------------------------------------------------------------
+    def _act(self, obs: np.ndarray, state: Any, deterministic: bool) -> tuple[np.ndarray, Any]:
+        t0 = time.perf_counter()
+        now = float(obs[_FIELD["elapsed_frac"]]) * self.budget_s
+        rate, posterior = self.read_link(obs, state) if now > 0.0 else ("unknown", {})
+        if rate == "unknown":  # no measurement of the link yet
+            self.plan_s = time.perf_counter() - t0
+            return self._action(self._safe), state
+        prev = self._entry_of(obs)
+        # the reading timed the link of the decision that started at the last decision point
+        state = self._observe_reading(state, obs, rate, posterior, state["now"] if state else 0.0)
         self.rate_bit_s = rate
         loss = float(obs[_FIELD["eval_loss"]])
-        p, other = self._switch_probability(state, now)
-        times = np.asarray(self.plan(loss, now, prev, self._trace(state, now, rate)))
-        if p > 0:
-            switched = self._trace(state, now, other)
-            times = (1 - p) * times + p * np.asarray(self.plan(loss, now, prev, switched))
+        p, others = self._switch_probability(state, now)
+
+        def expected(link: float | None, p: float, others: list[float | None]) -> np.ndarray:
+            times = np.asarray(self.plan(loss, now, prev, link))
+            if p > 0 and others:
+                # robust over the candidates for the other link: the costliest per entry
+                other = np.max([self.plan(loss, now, prev, o) for o in others], axis=0)
+                times = (1 - p) * times + p * other
+            return times
+
+        # the links the reading leaves possible (probe: only the one it names), each with
+        # its own chance of changing before the next decision
+        weighed = {r: q for r, q in posterior.items() if q >= 0.01}
+        total = sum(weighed.values())
+        times = sum(
+            (q / total) * (expected(r, p, others) if r == rate else expected(r, p, [rate]))
+            for r, q in weighed.items()
+        )
         k = int(np.argmin(times))
         self.plan_s = time.perf_counter() - t0
         return self._action(k), {**state, "now": now}
@@ -250,69 +487,32 @@ class ModelPredictiveAgent(StepAgent):
     def _action(self, k: int) -> np.ndarray:
         return np.array(np.unravel_index(k, self._nvec), dtype=np.int64)
 
-    def _switch_probability(self, state: dict[str, Any], now_s: float) -> tuple[float, Any]:
-        """P(the current link has ended by ``now_s``), and the link expected next.
+    def _switch_probability(
+        self, state: dict[str, Any], now_s: float
+    ) -> tuple[float, list[float | None]]:
+        """P(a new link by the next decision), and the candidates for that link.
 
-        The empirical distribution of the current link's dwell lengths, this episode's
-        completed ones with those ``learn`` saw: the share shorter than the time it has
-        lasted, counting one more unseen, longer dwell (``k / (n + 1)``). The next link:
-        the one before it in this episode, else the one that
-        followed it most often before. ``(0, None)`` without a dwell or a next link.
+        ``p``: the hazard ``(changes + 1) / (decisions + 2)`` over this episode's and
+        ``learn``'s decisions; anticipating, once the current link has completed dwells
+        (this episode's and learned), the probability that a dwell drawn like them is over
+        by the time it has lasted (:func:`_ended_probability`). The candidates: the link before it
+        in this episode, else the one that followed it most often before, else every other
+        calibrated link.
         """
         key = state["rate"]
-        past = [*state["dwells"].get(key, []), *self.prior_dwells.get(key, [])]
         before = state.get("before")
         if before is not None:
-            other = before["value"]
+            others = [before["value"]]
         elif self.prior_next.get(key):
             follow = max(self.prior_next[key].items(), key=lambda kv: kv[1])[0]
-            other = _rate_value(follow)
+            others = [_rate_value(follow)]
         else:
-            return 0.0, None
-        if not past:
-            return 0.0, None
-        lasted = now_s - state["since_s"]
-        # one more, unseen dwell that lasts longer (the rule of succession): a few dwells,
-        # measured to a decision's length, never make a switch certain
-        return sum(d <= lasted for d in past) / (len(past) + 1), other
-
-    def _dwell_s(self, state: dict[str, Any], key: str) -> float:
-        """Mean dwell of link ``key`` (this episode's and learned ones; inf: never ended)."""
+            others = [r for r in self._links if _rate_key(r) != key]
+        hazard = self._hazard(state)
         past = [*state["dwells"].get(key, []), *self.prior_dwells.get(key, [])]
-        return float(np.mean(past)) if past else math.inf
-
-    def _next_key(self, state: dict[str, Any], key: str) -> str | None:
-        """The link expected after ``key``: learned transitions, else this episode's other."""
-        if self.prior_next.get(key):
-            return max(self.prior_next[key].items(), key=lambda kv: kv[1])[0]
-        before = state.get("before")
-        if before is not None:
-            return before["rate"] if key == state["rate"] else state["rate"]
-        return None
-
-    def _trace(
-        self, state: dict[str, Any], now_s: float, rate: float | None
-    ) -> list[tuple[float, float | None]]:
-        """The predicted links from ``now_s`` with ``rate`` in force (mean dwells, alternating).
-
-        The current link (``rate`` equal to the one seen) runs to the end of its mean dwell
-        counted from when it was first seen; a link assumed to have just come runs a whole
-        mean dwell; after it the expected next link, and so on up to the budget.
-        """
-        key = _rate_key(rate)
-        # the link in force carries the next decision at least (the trace is read at each
-        # decision's start), however long it has lasted already
-        floor = math.nextafter(now_s, math.inf)
-        end = state["since_s"] if key == state["rate"] else now_s
-        trace: list[tuple[float, float | None]] = [(now_s, rate)]
-        for _ in range(64):
-            end = max(end + self._dwell_s(state, key), floor)
-            nxt = self._next_key(state, key)
-            if not math.isfinite(end) or end >= self.budget_s or nxt is None:
-                break
-            key = nxt
-            trace.append((end, _rate_value(key)))
-        return trace
+        if not self.anticipate or not past:
+            return hazard, others
+        return _ended_probability(past, now_s - state["since_s"]), others
 
     # -- learning what the links do -------------------------------------------------
     def _episode_start(self, obs: np.ndarray) -> None:
@@ -328,25 +528,57 @@ class ModelPredictiveAgent(StepAgent):
         truncated: bool,
         info: dict[str, Any],
     ) -> None:
-        probe = float(next_obs[_FIELD["log10_probe_gbps"]])
-        if probe == 0.0:
+        rate, posterior = self.read_link(next_obs, self._seen)
+        if rate == "unknown":
             return
-        rate = self.rate_from_probe(probe)
         start = float(obs[_FIELD["elapsed_frac"]]) * self.budget_s
-        seen = _observe_link(self._seen, rate, start)
+        seen = self._observe_reading(self._seen, next_obs, rate, posterior, start)
+        self.prior_decisions += 1
         if self._seen is not None and seen["rate"] != self._seen["rate"]:
             done = self._seen["rate"]
+            self.prior_changes += 1
             self.prior_dwells.setdefault(done, []).append(seen["dwells"][done][-1])
             nxt = self.prior_next.setdefault(done, {})
             nxt[seen["rate"]] = nxt.get(seen["rate"], 0) + 1
         self._seen = seen
 
     def _get_state(self) -> dict[str, Any]:
-        return {"prior_dwells": self.prior_dwells, "prior_next": self.prior_next}
+        return {
+            "prior_dwells": self.prior_dwells,
+            "prior_next": self.prior_next,
+            "prior_decisions": self.prior_decisions,
+            "prior_changes": self.prior_changes,
+        }
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self.prior_dwells = {k: list(v) for k, v in state.get("prior_dwells", {}).items()}
         self.prior_next = {k: dict(v) for k, v in state.get("prior_next", {}).items()}
+        self.prior_decisions = int(state.get("prior_decisions", 0))
+        self.prior_changes = int(state.get("prior_changes", 0))
+
+
+def _ended_probability(dwells: list[float], lasted_s: float) -> float:
+    """P(a link's dwell is over after ``lasted_s``), from its completed ``dwells`` (s).
+
+    The smoothed empirical distribution: a Gaussian kernel estimate of the dwells' CDF
+    (Silverman's rule-of-thumb bandwidth, at least 10 % of the mean dwell), so a link that
+    has lasted nearly as long as the shortest dwell seen is already at risk (a raw share
+    is 0 there, and a dense entry's decision on a slow link can cost a whole budget),
+    times ``n / (n + 1)``: one more, unseen dwell that lasts longer (the rule of
+    succession), so a few dwells never make a change certain.
+    """
+    n = len(dwells)
+    mean = sum(dwells) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in dwells) / max(n - 1, 1))
+    bandwidth = max(1.06 * sd * n ** -0.2, 0.1 * mean, 1e-6)
+    cdf = sum(0.5 * math.erfc((d - lasted_s) / (bandwidth * math.sqrt(2))) for d in dwells) / n
+    return cdf * n / (n + 1)
+
+
+def _scale(state: dict[str, Any] | None) -> float:
+    """The episode's speed estimate: the median of its readings (1 without any)."""
+    kept = state.get("scales") if state else None
+    return float(np.median(kept)) if kept else 1.0
 
 
 def _rate_key(rate: float | None) -> str:
@@ -363,15 +595,22 @@ def _observe_link(state: Any, rate: float | None, start_s: float) -> dict[str, A
     """The link history with ``rate`` seen on the decision that started at ``start_s``.
 
     ``state`` (None at an episode's start): ``rate`` and ``since_s`` of the current dwell,
-    ``before`` (the rate of the dwell before it) and ``dwells`` (rate -> completed dwell
-    lengths, s), plain values.
+    ``before`` (the rate of the dwell before it), ``dwells`` (rate -> completed dwell
+    lengths, s), and the readings (``decisions``) and link changes (``changes``) so far,
+    plain values.
     """
     key = _rate_key(rate)
     if not state:
-        return {"rate": key, "value": rate, "since_s": start_s, "before": None, "dwells": {}}
+        return {
+            "rate": key, "value": rate, "since_s": start_s, "before": None, "dwells": {},
+            "decisions": 1, "changes": 0,
+        }  # fmt: skip
     if key == state["rate"]:
-        return dict(state)
+        return {**state, "decisions": state["decisions"] + 1}
     dwells = {k: list(v) for k, v in state["dwells"].items()}
     dwells.setdefault(state["rate"], []).append(start_s - state["since_s"])
     before = {"rate": state["rate"], "value": state["value"]}
-    return {"rate": key, "value": rate, "since_s": start_s, "before": before, "dwells": dwells}
+    return {
+        "rate": key, "value": rate, "since_s": start_s, "before": before, "dwells": dwells,
+        "decisions": state["decisions"] + 1, "changes": state["changes"] + 1,
+    }  # fmt: skip

@@ -184,6 +184,20 @@ class SimModel:
         self._cache[key] = out
         return out
 
+    def position(self, k: int, loss: float) -> float:
+        """Flat entry ``k``'s progress at held-out ``loss``, in decisions of that entry.
+
+        A decision without a switch advances it by exactly 1, so
+        ``position(k, target) - position(k, loss)`` decisions of ``k`` take ``loss`` to
+        ``target`` where :meth:`reaches` holds.
+        """
+        lv, pos = self.tables[k]
+        return _interp(-math.log(max(loss, 1e-8)), lv, pos)
+
+    def reaches(self, k: int, loss: float) -> bool:
+        """Whether entry ``k``'s fitted progress ever gets down to ``loss``."""
+        return -math.log(max(loss, 1e-8)) <= self.tables[k][0][-1] + 1e-12
+
     def next_loss(self, k: int, loss: float, prev: int = -1) -> float:
         """Held-out loss after one decision of flat entry ``k`` from ``loss``.
 
@@ -192,7 +206,7 @@ class SimModel:
         """
         lv, pos = self.tables[k]
         adv = 1.0 - self.penalty[prev][k] if prev >= 0 else 1.0
-        p = _interp(-math.log(max(loss, 1e-8)), lv, pos) + adv
+        p = self.position(k, loss) + adv
         return math.exp(-_interp(p, pos, lv))
 
     def eval_acc(self, loss: float) -> float:
