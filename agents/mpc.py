@@ -22,8 +22,10 @@ by the link cannot:
 * the **remaining budget** (``elapsed_frac``): an entry that cannot reach the target in it
   ranks by the loss it would reach.
 
-Receding horizon: the plan assumes the condition holds until the target and is redone at
-the next decision with the next measurement. Either reading measures the link the
+Receding horizon, one decision ahead (the rollout algorithm): each entry for the next
+decision, then the fastest single entry from the loss it reaches on the same link, in closed
+form from the progress tables (:meth:`ModelPredictiveAgent.plan`); redone at the next
+decision with the next measurement. Either reading measures the link the
 *previous* decision ran on, so a switch since then is seen one decision late, and one
 decision of a dense entry on a congested link can cost more than a whole phase. The agent
 therefore scores every entry by its **expected** time over whether the link changes before
@@ -33,9 +35,10 @@ estimate), with
 
 * ``p`` the **hazard**, the share of decisions that met a new link (Laplace's rule of
   succession, ``(changes + 1) / (decisions + 2)``, so a few decisions never make the
-  link certain to hold); with ``anticipate=True``, once the current link has ended
-  before, the share of its completed dwells shorter than the time it has lasted instead
-  (phases of typical lengths: a link that just came is safe for a while);
+  link certain to hold); anticipating (``anticipate=True``, the default), once the
+  current link has ended before, the probability that a dwell like its completed ones is
+  over by the time it has lasted instead (phases of typical lengths: a link that just came
+  is safe for a while; :func:`_ended_probability`);
 * the other link: the one before it in this episode, else the one that followed it most
   often before, else the calibrated link that would cost the entry most (robust).
 
@@ -50,8 +53,9 @@ least 2x apart, so the first reading is sure; the machine's speed against the
 calibration is then estimated from each reading on the link it names, and scales the
 modelled time off the wire of later readings).
 
-Decision time: each plan simulates at most ``max_decisions_ahead`` decisions per entry on
-plain Python floats; it is reported by the tests (``plan_s``), not assumed.
+Decision time: a few closed-form plans per link the reading leaves possible, on plain
+Python floats; ``plan_s`` reports it (0.3-0.5 ms median on one core, docs/simulator.md),
+it is not assumed.
 """
 
 from __future__ import annotations
@@ -102,16 +106,17 @@ class ModelPredictiveAgent(StepAgent):
             calibration's: :meth:`~commgym.env.sim.Calibration.check`).
         calibration: path of a ``commgym calibrate-sim`` record for this workload and menu.
         seed: unused (the agent is deterministic).
-        max_decisions_ahead: the planning horizon in decisions (each entry's simulation
-            stops there and ranks by the loss reached).
+        max_decisions_ahead: the planning horizon in decisions: a continuation entry
+            that needs more to reach the target is not considered (where none reaches
+            it, an entry ranks by the loss it reaches).
         link_from: ``"probe"`` (reads ``log10_probe_gbps``; the env runs the probe and its
             time counts) or ``"timing"`` (probe-free: reads ``step_time_s`` of the entry
             just played against the calibrated links). None: ``"timing"`` where the
             calibration recorded a shaped link, else ``"probe"``.
-        anticipate: also expect a link to end after its typical dwell (module
-            docstring); off by default: on ``flaky-link`` in the simulator the dwells'
-            spread made it play entries that cost a whole slow phase when the link came
-            early (docs/simulator.md).
+        anticipate: expect a link to end after its typical dwell once one has ended
+            (module docstring); without it the hazard alone makes it hedge where links
+            alternate (on ``flaky-link`` in the simulator 8.63 s against 6.95 s with it,
+            docs/simulator.md).
 
     Raises:
         ValueError: no calibration, one that does not fit the env's config, a horizon
@@ -146,9 +151,7 @@ class ModelPredictiveAgent(StepAgent):
                 f"max_decisions_ahead must be an integer >= 1, got {max_decisions_ahead!r}"
             )
         if link_from is not None and link_from not in LINK_READINGS:
-            raise ValueError(
-                f"link_from must be one of {list(LINK_READINGS)}, got {link_from!r}"
-            )
+            raise ValueError(f"link_from must be one of {list(LINK_READINGS)}, got {link_from!r}")
         super().__init__(
             env,
             seed=seed,
@@ -333,11 +336,13 @@ class ModelPredictiveAgent(StepAgent):
         posterior: dict[Any, float],
         start_s: float,
     ) -> dict[str, Any]:
-        """The history after ``rate`` was read from ``obs`` (:func:`_observe_link`), with,
-        probe-free, the belief over the links and the speed a sure reading implies:
-        ``1 + (measured - modelled) / off_wire`` on the link read (kept where the link is
-        at least :data:`SURE` and the entry spends at least 10 % of its iteration off the
-        wire; the last :data:`SCALE_MEMORY`, their median is the estimate)."""
+        """The history after ``rate`` was read from ``obs`` (:func:`_observe_link`).
+
+        Probe-free, with the belief over the links and the speed a sure reading implies:
+        ``1 + (measured - modelled) / off_wire`` on the link read (kept where the link is at
+        least :data:`SURE` probable and the entry spends at least 10 % of its iteration off
+        the wire; the last :data:`SCALE_MEMORY`, their median is the estimate).
+        """
         new = _observe_link(state, rate, start_s)
         if self.link_from != "timing":
             return new
@@ -352,8 +357,10 @@ class ModelPredictiveAgent(StepAgent):
         return new
 
     def _hazard(self, state: dict[str, Any]) -> float:
-        """P(a new link at a decision): ``(changes + 1) / (decisions + 2)`` over this
-        episode's and ``learn``'s readings (Laplace's rule of succession)."""
+        """P(a new link at a decision), Laplace's rule of succession.
+
+        ``(changes + 1) / (decisions + 2)`` over this episode's and ``learn``'s readings.
+        """
         decisions = state["decisions"] + self.prior_decisions
         changes = state["changes"] + self.prior_changes
         return (changes + 1) / (decisions + 2)
@@ -368,9 +375,7 @@ class ModelPredictiveAgent(StepAgent):
         ]
         return int(np.ravel_multi_index(tuple(idx), self._nvec))
 
-    def plan(
-        self, loss: float, now_s: float, prev: int, rate: float | None
-    ) -> list[float]:
+    def plan(self, loss: float, now_s: float, prev: int, rate: float | None) -> list[float]:
         """Every flat entry's modelled time to target from here, s, with ``rate`` in force.
 
         The rollout algorithm over the model (one-step lookahead on a base policy,
@@ -570,7 +575,7 @@ def _ended_probability(dwells: list[float], lasted_s: float) -> float:
     n = len(dwells)
     mean = sum(dwells) / n
     sd = math.sqrt(sum((d - mean) ** 2 for d in dwells) / max(n - 1, 1))
-    bandwidth = max(1.06 * sd * n ** -0.2, 0.1 * mean, 1e-6)
+    bandwidth = max(1.06 * sd * n**-0.2, 0.1 * mean, 1e-6)
     cdf = sum(0.5 * math.erfc((d - lasted_s) / (bandwidth * math.sqrt(2))) for d in dwells) / n
     return cdf * n / (n + 1)
 
