@@ -209,13 +209,7 @@ class AutotuneAgent(StepAgent):
 
     def _config_of(self, obs: np.ndarray) -> int:
         """Flat index of the entry that produced ``obs`` (from its normalised indices)."""
-        names = ("compression_index", "bucket_index", "period_index")
-        idx = [
-            round(float(obs[_FIELD[n]]) * max(int(k) - 1, 1))
-            for n, k in zip(names, self.menu.nvec, strict=True)
-        ]
-        idx = [min(max(i, 0), int(k) - 1) for i, k in zip(idx, self.menu.nvec, strict=True)]
-        return self._flat(np.array(idx, dtype=np.int64))
+        return self._flat(self.menu.action_in(obs))
 
     def _record(self, t: _Tuning, obs: np.ndarray) -> bool:
         """Score the decision that produced ``obs``; True when a sample was kept."""

@@ -367,13 +367,7 @@ class ModelPredictiveAgent(StepAgent):
 
     def _entry_of(self, obs: np.ndarray) -> int:
         """The flat entry ``obs``'s index fields name (the one configured last)."""
-        idx = [
-            round(float(obs[_FIELD[f]]) * max(n - 1, 0))
-            for f, n in zip(
-                ("compression_index", "bucket_index", "period_index"), self._nvec, strict=True
-            )
-        ]
-        return int(np.ravel_multi_index(tuple(idx), self._nvec))
+        return int(np.ravel_multi_index(tuple(self.menu.action_in(obs)), self._nvec))
 
     def plan(self, loss: float, now_s: float, prev: int, rate: float | None) -> list[float]:
         """Every flat entry's modelled time to target from here, s, with ``rate`` in force.
@@ -408,14 +402,23 @@ class ModelPredictiveAgent(StepAgent):
             if after <= self.target:
                 out.append(first + probe)
                 continue
-            out.append(first + probe + self._rest(after, k, rate, now_s))
+            out.append(first + probe + self._rest(after, k, rate, now_s, timings, probe))
         return out
 
-    def _rest(self, loss: float, last: int, rate: float | None, now_s: float) -> float:
-        """Time to target from ``loss`` with ``last`` in place: the fastest single entry."""
+    def _rest(
+        self,
+        loss: float,
+        last: int,
+        rate: float | None,
+        now_s: float,
+        timings: list[Any],
+        probe: float,
+    ) -> float:
+        """Time to target from ``loss`` with ``last`` in place: the fastest single entry.
+
+        ``timings`` and ``probe`` are the link's, as :meth:`plan` looked them up.
+        """
         model = self.model
-        timings = model.timings(rate)
-        probe = model.probe_s(self._probe_paid, rate)
         best = math.inf
         for j in range(len(model.entries)):
             if not self._reaches[j]:

@@ -110,6 +110,26 @@ class ActionMenu:
         """Every entry as ``str(CommConfig)``, in flat row-major order (the simulator's index)."""
         return [str(self.decode(np.array(a))) for a in np.ndindex(*map(int, self.nvec))]
 
+    def action_in(self, observation: np.ndarray) -> np.ndarray:
+        """The menu indices an observation names (the entry configured last).
+
+        The inverse of the observation's ``compression_index`` / ``bucket_index`` /
+        ``period_index`` fields (each ``index / (n - 1)``, :class:`ObservationBuilder`),
+        rounded and clipped to the menu.
+
+        Args:
+            observation: one observation, float array of shape ``(len(OBSERVATION_FIELDS),)``.
+
+        Returns:
+            int64 array ``[i_compression, i_bucket, i_period]``.
+        """
+        out = []
+        for name, n in zip(_ACTION_FIELDS, self.nvec, strict=True):
+            top = max(int(n) - 1, 1)
+            i = round(float(observation[_FIELD_INDEX[name]]) * top)
+            out.append(min(max(i, 0), int(n) - 1))
+        return np.array(out, dtype=np.int64)
+
     def decode(self, action: Sequence[int] | np.ndarray) -> CommConfig:
         """Map ``[i_compression, i_bucket, i_period]`` to a :class:`CommConfig`.
 
@@ -422,6 +442,7 @@ def _log10_or_0(x: float) -> float:
 
 
 _FIELD_NAMES = tuple(f.name for f in OBSERVATION_FIELDS)
+_FIELD_INDEX = {name: i for i, name in enumerate(_FIELD_NAMES)}
 _ACTION_FIELDS = ("compression_index", "bucket_index", "period_index")
 
 

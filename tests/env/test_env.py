@@ -248,6 +248,19 @@ def test_subproc_vec_env():
 
 
 # ---------------------------------------------------------------- no cluster needed
+def test_the_observation_names_the_entry_it_was_built_with():
+    """``ActionMenu.action_in`` inverts the observation's index fields for every entry
+    (menus with a single choice included), as the agents that read it rely on."""
+    from commgym.env.spaces import ObservationBuilder
+
+    for menu in (ActionMenu(), ActionMenu(compression=["none"], bucket_mb=[25.0])):
+        builder = ObservationBuilder(menu, world_size=2, num_params=1000)
+        for action in np.ndindex(*map(int, menu.nvec)):
+            obs = builder.reset(2.3, np.array(action))
+            assert menu.action_in(obs).tolist() == list(action)
+            assert menu.action_in(obs).dtype == np.int64
+
+
 def test_every_menu_entry_decodes_and_flatten_is_bijective():
     menu = ActionMenu()
     seen = set()
