@@ -89,7 +89,8 @@ OPENING_SEPARATION = 2.0
 #: gives a speed reading; below it the history keeps the link it had.
 SURE = 0.9
 
-#: Speed readings kept per episode (their median scales the modelled time off the wire).
+#: Speed readings kept per episode (their weighted median scales the modelled time off
+#: the wire).
 SCALE_MEMORY = 8
 
 #: Spread of a measured median iteration around the model's, in log (the simulator's
@@ -335,25 +336,30 @@ class ModelPredictiveAgent(StepAgent):
         rate: Any,
         posterior: dict[Any, float],
         start_s: float,
+        end_s: float,
     ) -> dict[str, Any]:
         """The history after ``rate`` was read from ``obs`` (:func:`_observe_link`).
 
-        Probe-free, with the belief over the links and the speed a sure reading implies:
-        ``1 + (measured - modelled) / off_wire`` on the link read (kept where the link is at
-        least :data:`SURE` probable and the entry spends at least 10 % of its iteration off
-        the wire; the last :data:`SCALE_MEMORY`, their median is the estimate).
+        The decision read ran from ``start_s`` to ``end_s`` (s of training). Probe-free,
+        with the belief over the links and the speed a sure reading implies:
+        ``1 + (measured - modelled) / off_wire`` on the link read (where the link is at least
+        :data:`SURE` probable), weighted by ``(off_wire / modelled)^2``: the timing's
+        relative error lands on the speed magnified by ``modelled / off_wire``, so a
+        reading that is nearly all wire says little about the machine. The last
+        :data:`SCALE_MEMORY`, across link changes; their weighted median is the estimate.
         """
-        new = _observe_link(state, rate, start_s)
+        sure = posterior.get(rate, 1.0) >= SURE
+        new = _observe_link(state, rate, start_s, end_s, sure)
         if self.link_from != "timing":
             return new
         new["belief"] = [posterior[r] for r in self._timing_links]
         k = self._entry_of(obs)
         off = self._off_wire[k]
         step = self._timing_step[self._timing_links.index(rate)][k]
-        if posterior[rate] >= SURE and off >= 0.1 * step:
+        if sure and off > 0.0:
             implied = 1.0 + (float(obs[_FIELD["step_time_s"]]) - step) / off
-            kept = [*new.get("scales", []), min(max(implied, 0.5), 3.0)]
-            new["scales"] = kept[-SCALE_MEMORY:]
+            reading = [min(max(implied, 0.5), 3.0), (off / step) ** 2]
+            new["scales"] = [*new.get("scales", []), reading][-SCALE_MEMORY:]
         return new
 
     def _hazard(self, state: dict[str, Any]) -> float:
@@ -467,7 +473,9 @@ class ModelPredictiveAgent(StepAgent):
             return self._action(self._safe), state
         prev = self._entry_of(obs)
         # the reading timed the link of the decision that started at the last decision point
-        state = self._observe_reading(state, obs, rate, posterior, state["now"] if state else 0.0)
+        state = self._observe_reading(
+            state, obs, rate, posterior, state["now"] if state else 0.0, now
+        )
         self.rate_bit_s = rate
         loss = float(obs[_FIELD["eval_loss"]])
         p, others = self._switch_probability(state, now)
@@ -540,7 +548,8 @@ class ModelPredictiveAgent(StepAgent):
         if rate == "unknown":
             return
         start = float(obs[_FIELD["elapsed_frac"]]) * self.budget_s
-        seen = self._observe_reading(self._seen, next_obs, rate, posterior, start)
+        end = float(next_obs[_FIELD["elapsed_frac"]]) * self.budget_s
+        seen = self._observe_reading(self._seen, next_obs, rate, posterior, start, end)
         self.prior_decisions += 1
         if self._seen is not None and seen["rate"] != self._seen["rate"]:
             done = self._seen["rate"]
@@ -584,9 +593,20 @@ def _ended_probability(dwells: list[float], lasted_s: float) -> float:
 
 
 def _scale(state: dict[str, Any] | None) -> float:
-    """The episode's speed estimate: the median of its readings (1 without any)."""
-    kept = state.get("scales") if state else None
-    return float(np.median(kept)) if kept else 1.0
+    """The episode's speed estimate: the weighted median of its readings (1 without any).
+
+    ``state["scales"]``: ``[implied speed, weight]`` pairs (:meth:`_observe_reading`).
+    """
+    kept = sorted(state.get("scales") or []) if state else []
+    total = sum(w for _, w in kept)
+    if total <= 0.0:
+        return 1.0
+    acc = 0.0
+    for value, w in kept:
+        acc += w
+        if acc >= 0.5 * total:
+            return float(value)
+    return float(kept[-1][0])
 
 
 def _rate_key(rate: float | None) -> str:
@@ -599,26 +619,41 @@ def _rate_value(key: str) -> float | None:
     return None if key == "loopback" else float(key)
 
 
-def _observe_link(state: Any, rate: float | None, start_s: float) -> dict[str, Any]:
-    """The link history with ``rate`` seen on the decision that started at ``start_s``.
+def _observe_link(
+    state: Any, rate: float | None, start_s: float, end_s: float, sure: bool = True
+) -> dict[str, Any]:
+    """The link history with ``rate`` read on the decision from ``start_s`` to ``end_s``.
 
     ``state`` (None at an episode's start): ``rate`` and ``since_s`` of the current dwell,
-    ``before`` (the rate of the dwell before it), ``dwells`` (rate -> completed dwell
-    lengths, s), and the readings (``decisions``) and link changes (``changes``) so far,
-    plain values.
+    ``open_s`` (the end of the last decision surely read on it: the earliest time it can
+    have ended), ``before`` (the rate of the dwell before it), ``dwells`` (rate ->
+    completed dwell lengths, s), and the readings (``decisions``) and link changes
+    (``changes``) so far, plain values. A new link's dwell starts at the old one's
+    ``open_s``: readings too unsure to name a link (:data:`SURE`) can hide the change for
+    a few decisions, and dating it at the first sure reading made the new link look
+    younger than it was, so a dense entry was played where its dwell was nearly over
+    (the held-back variant of flaky-link). With sure readings every decision (the
+    probe; the simulator as calibrated) it is the decision's own start.
     """
     key = _rate_key(rate)
     if not state:
         return {
-            "rate": key, "value": rate, "since_s": start_s, "before": None, "dwells": {},
+            "rate": key, "value": rate, "since_s": start_s,
+            "open_s": end_s if sure else start_s, "before": None, "dwells": {},
             "decisions": 1, "changes": 0,
         }  # fmt: skip
     if key == state["rate"]:
-        return {**state, "decisions": state["decisions"] + 1}
+        out = {**state, "decisions": state["decisions"] + 1}
+        if sure:
+            out["open_s"] = end_s
+        return out
+    since = min(state.get("open_s", start_s), start_s)
     dwells = {k: list(v) for k, v in state["dwells"].items()}
-    dwells.setdefault(state["rate"], []).append(start_s - state["since_s"])
+    dwells.setdefault(state["rate"], []).append(since - state["since_s"])
     before = {"rate": state["rate"], "value": state["value"]}
+    # what is not the link's (the speed readings) carries over
     return {
-        "rate": key, "value": rate, "since_s": start_s, "before": before, "dwells": dwells,
-        "decisions": state["decisions"] + 1, "changes": state["changes"] + 1,
+        **state, "rate": key, "value": rate, "since_s": since, "open_s": end_s,
+        "before": before, "dwells": dwells, "decisions": state["decisions"] + 1,
+        "changes": state["changes"] + 1,
     }  # fmt: skip

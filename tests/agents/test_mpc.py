@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from commgym.agents import load_agent, make_agent, rollout
-from commgym.agents.mpc import _ended_probability
+from commgym.agents.mpc import _ended_probability, _observe_link, _scale
 from commgym.env.sim import SimEnv, adaptive_times, static_ranking
 from commgym.env.sim.wire import LinkFit
 from commgym.env.spaces import OBSERVATION_FIELDS
@@ -113,7 +113,7 @@ def test_reads_the_link_and_the_machines_speed_from_its_step_time(setup):
         if terminated or truncated:
             break
     assert sure >= 0.8 * len(ran) and set(ran) == {"10gbit", "10mbit"}
-    assert np.median(state["scales"]) == pytest.approx(1.3, abs=0.05)
+    assert _scale(state) == pytest.approx(1.3, abs=0.05)
 
 
 def test_a_reading_weighs_the_links_by_how_well_they_explain_it(setup):
@@ -231,3 +231,29 @@ def test_without_a_shaped_link_it_reads_the_probe(tmp_path):
     assert make_agent("mpc", env, calibration=str(path)).link_from == "probe"
     with pytest.raises(ValueError, match="has no shaped link"):
         make_agent("mpc", env, calibration=str(path), link_from="timing")
+
+
+def test_a_new_links_dwell_starts_after_the_last_sure_reading_of_the_old_one():
+    # sure readings every decision (the probe; the simulator as calibrated): the change is
+    # dated at the decision that first ran on the new link
+    state = _observe_link(None, 1e10, 0.0, 0.2)
+    state = _observe_link(state, 1e10, 0.2, 0.4)
+    changed = _observe_link(state, 1e7, 0.4, 1.4)
+    assert changed["since_s"] == 0.4 and changed["dwells"] == {"1e+10": [0.4]}
+    # unsure readings hide the change for two decisions: it can have come right after the
+    # last sure one, so the new link's dwell starts there (the conservative date)
+    state = _observe_link(state, 1e10, 0.4, 0.6, sure=False)
+    state = _observe_link(state, 1e10, 0.6, 0.8, sure=False)
+    changed = _observe_link(state, 1e7, 0.8, 1.8)
+    assert changed["since_s"] == 0.4 and changed["dwells"] == {"1e+10": [0.4]}
+    assert changed["changes"] == 1 and changed["decisions"] == 5
+
+
+def test_speed_readings_survive_a_link_change_and_weigh_by_their_share_off_the_wire():
+    state = {"scales": [[1.3, 0.5], [1.3, 0.5]], **_observe_link(None, 1e10, 0.0, 0.2)}
+    changed = _observe_link(state, 1e7, 0.2, 1.2)
+    assert changed["scales"] == state["scales"]
+    # a reading nearly all wire (weight 0.01) cannot outvote two off-the-wire ones
+    assert _scale({"scales": [*state["scales"], [0.6, 0.01]]}) == 1.3
+    assert _scale({"scales": [[0.8, 0.2], [1.0, 0.5], [1.4, 0.2]]}) == 1.0
+    assert _scale(None) == 1.0
