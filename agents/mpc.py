@@ -12,8 +12,10 @@ by the link cannot:
   modelled probe time matches the measured one, a continuous estimate, so a rate never
   calibrated works too) or, probe-free (``link_from="timing"``), from the decision's own
   timing: a Bayes filter over the calibrated links, the measured ``step_time_s`` of the
-  entry just played against each link's modelled one (an entry that times the links alike
-  leaves the belief as it was; the plan weighs every link the reading leaves possible);
+  entry just played against each link's modelled one, the belief carried from one reading
+  to the next by the same model of the link the plan uses (below: a link past its usual
+  dwell is expected to change); an entry that times the links alike leaves the belief as
+  it was, and the plan weighs every link the reading leaves possible;
 * the **remaining loss** (``eval_loss``): progress per decision depends on where training
   is, so the best entry changes as the target comes near;
 * the **switch cost**: leaving a local-SGD period for period 1 averages the optimizer state,
@@ -38,20 +40,26 @@ estimate), with
   link certain to hold); anticipating (``anticipate=True``, the default), once the
   current link has ended before, the probability that a dwell like its completed ones is
   over by the time it has lasted instead (phases of typical lengths: a link that just came
-  is safe for a while; :func:`_ended_probability`);
+  is safe for a while; :func:`_ended_probability`), from the dwells in the same place of
+  an episode where ``learn`` saw enough of them (a schedule's first phase need not last as
+  its later ones). A link's dwell is dated from the end of the last decision surely read
+  on the link before it, so readings too unsure to name a link do not make it look
+  younger than it is;
 * the other link: the one before it in this episode, else the one that followed it most
   often before, else the calibrated link that would cost the entry most (robust).
 
 What it has seen of the scenario's links before (``learn``: episodes played in the env it is
 given, e.g. the training seeds in the simulator or a few real decisions; only the link
-readings are kept) adds its decisions, changes, dwells and which link followed which to
-the episode's own: after episodes whose link never changed the hazard is near 0 and the
-agent plays each link's best entry; where links alternate it hedges. Before the first
-reading it plays the *safe* entry: the one whose worst time to target over the
-calibrated links is smallest (probe-free, among the entries that time the links at
-least 2x apart, so the first reading is sure; the machine's speed against the
-calibration is then estimated from each reading on the link it names, and scales the
-modelled time off the wire of later readings).
+readings are kept, and in the simulator each episode's whole link trace, every phase that
+ends within the budget, not only those before the target) adds its decisions, changes,
+dwells and which link followed which to the episode's own: after episodes whose link never
+changed the hazard is near 0 and the agent plays each link's best entry; where links
+alternate it hedges. Before the first reading it plays the *safe* entry: the one whose worst
+time to target over the calibrated links is smallest (probe-free, among the entries that
+time the links at least 2x apart, so the first reading is sure; the machine's speed against
+the calibration is then estimated from each sure reading on the link it names, weighted by
+the share of the iteration off the wire, and scales the modelled time off the wire of later
+readings).
 
 Decision time: a few closed-form plans per link the reading leaves possible, on plain
 Python floats; ``plan_s`` reports it (0.3-0.5 ms median on one core, docs/simulator.md),
@@ -92,6 +100,10 @@ SURE = 0.9
 #: Speed readings kept per episode (their weighted median scales the modelled time off
 #: the wire).
 SCALE_MEMORY = 8
+
+#: Learned dwells in one place of an episode (its n-th dwell of a link) that stand for
+#: that place on their own (:meth:`ModelPredictiveAgent._dwells_like`).
+PLACE_MIN = 3
 
 #: Spread of a measured median iteration around the model's, in log (the simulator's
 #: step-time error on held-out decisions is 9-12 %, the host's own drift within a run
@@ -216,11 +228,14 @@ class ModelPredictiveAgent(StepAgent):
                 max(t.train_s - t.rounds * t.exchange_s, 0.0) / steps
                 for t in self.model.timings(self._timing_links[0])
             ]
+        self._telling = self._telling_entries()
         self._safe = self._safe_entry(self._links)
         #: what ``learn`` saw: link -> completed dwell lengths (s), link -> the links that
         #: followed it (counts), and decisions and link changes seen; plain values, saved
         #: with the policy
         self.prior_dwells: dict[str, list[float]] = {}
+        #: link -> its how-manieth dwell in an episode ("0", "1", ...) -> dwell lengths (s)
+        self.prior_dwells_by_index: dict[str, dict[str, list[float]]] = {}
         self.prior_next: dict[str, dict[str, int]] = {}
         self.prior_decisions = 0
         self.prior_changes = 0
@@ -293,13 +308,16 @@ class ModelPredictiveAgent(StepAgent):
         total = sum(w)
         return [v / total for v in w] if total > 0 else [1.0 / n] * n
 
-    def read_link(self, obs: np.ndarray, state: dict[str, Any] | None = None) -> Any:
+    def read_link(
+        self, obs: np.ndarray, state: dict[str, Any] | None = None, start_s: float | None = None
+    ) -> Any:
         """The link the decision that produced ``obs`` ran on, and how sure the reading is.
 
         ``link_from="probe"``: :meth:`rate_from_probe`, certain; ``"timing"``:
         :meth:`link_posterior` of the entry ``obs`` names, from the episode's belief in
-        ``state`` (:func:`_observe_link`'s history; None at the start) carried one decision
-        on by the hazard, at the episode's speed estimate.
+        ``state`` (:func:`_observe_link`'s history; None at the start) carried on to the
+        decision that started at ``start_s`` (s of training) by :meth:`_transition`, at the
+        episode's speed estimate.
 
         Returns:
             ``(rate, posterior)``: the most probable link (``"unknown"`` without a reading;
@@ -317,7 +335,7 @@ class ModelPredictiveAgent(StepAgent):
             return "unknown", {}
         prior = None
         if state and state.get("belief"):
-            h = self._hazard(state)
+            h = self._transition(state, start_s)
             n = len(self._timing_links)
             prior = [(1 - h) * q + h * (1 - q) / max(n - 1, 1) for q in state["belief"]]
         post = self.link_posterior(self._entry_of(obs), step, prior, _scale(state))
@@ -361,6 +379,28 @@ class ModelPredictiveAgent(StepAgent):
             reading = [min(max(implied, 0.5), 3.0), (off / step) ** 2]
             new["scales"] = [*new.get("scales", []), reading][-SCALE_MEMORY:]
         return new
+
+    def _transition(self, state: dict[str, Any], start_s: float | None) -> float:
+        """P(the link changed between the last decision read and the one from ``start_s``).
+
+        The hazard (:meth:`_hazard`), or, anticipating once the current link has completed
+        dwells, at least the chance that a dwell like them ends in between:
+        ``(F(b) - F(a)) / (1 - F(a))`` with ``F`` :func:`_ended_probability` and ``a``,
+        ``b`` the two decisions' starts into the dwell. The filter and the plan then read
+        the same model of the link: with the hazard alone a link that had outlived its
+        usual dwell still needed a reading more than ~20x likelier on the other link to
+        flip, and PowerSGD, whose step times on the two links were 1.1-1.3x apart on a
+        slower machine, kept the slow link for six decisions into a fast phase (the
+        held-back variant of flaky-link).
+        """
+        hazard = self._hazard(state)
+        past = self._dwells_like(state)
+        if not self.anticipate or not past or start_s is None or "read_s" not in state:
+            return hazard
+        a = max(state["read_s"] - state["since_s"], 0.0)
+        b = max(start_s - state["since_s"], a)
+        fa, fb = _ended_probability(past, a), _ended_probability(past, b)
+        return max(hazard, (fb - fa) / max(1.0 - fa, 1e-12))
 
     def _hazard(self, state: dict[str, Any]) -> float:
         """P(a new link at a decision), Laplace's rule of succession.
@@ -449,25 +489,36 @@ class ModelPredictiveAgent(StepAgent):
         """
         loss0 = self.model.progress.initial_loss
         worst = np.max([self.plan(loss0, 0.0, -1, r) for r in rates], axis=0)
-        if self.link_from == "timing" and len(self._timing_links) > 1:
-            apart = [
-                min(
-                    abs(math.log(a[k]) - math.log(b[k]))
-                    for i, a in enumerate(self._timing_step)
-                    for b in self._timing_step[i + 1 :]
-                )
-                for k in range(len(worst))
-            ]
-            telling = [k for k in range(len(worst)) if apart[k] >= math.log(OPENING_SEPARATION)]
-            if telling:
-                return min(telling, key=lambda k: worst[k])
+        if self._telling:
+            return min(self._telling, key=lambda k: worst[k])
         return int(np.argmin(worst))
+
+    def _telling_entries(self) -> list[int]:
+        """The flat entries whose next reading names the link whatever the machine's speed.
+
+        Their modelled iterations on every two calibrated links lie at least
+        :data:`OPENING_SEPARATION` apart (probe-free with two links or more; else none).
+        """
+        if self.link_from != "timing" or len(self._timing_links) < 2:
+            return []
+        steps = self._timing_step
+        return [
+            k
+            for k in range(len(steps[0]))
+            if min(
+                abs(math.log(a[k]) - math.log(b[k]))
+                for i, a in enumerate(steps)
+                for b in steps[i + 1 :]
+            )
+            >= math.log(OPENING_SEPARATION)
+        ]
 
     # -- StepAgent ------------------------------------------------------------------
     def _act(self, obs: np.ndarray, state: Any, deterministic: bool) -> tuple[np.ndarray, Any]:
         t0 = time.perf_counter()
         now = float(obs[_FIELD["elapsed_frac"]]) * self.budget_s
-        rate, posterior = self.read_link(obs, state) if now > 0.0 else ("unknown", {})
+        start = state["now"] if state else None  # the decision this reading timed
+        rate, posterior = self.read_link(obs, state, start) if now > 0.0 else ("unknown", {})
         if rate == "unknown":  # no measurement of the link yet
             self.plan_s = time.perf_counter() - t0
             return self._action(self._safe), state
@@ -525,14 +576,34 @@ class ModelPredictiveAgent(StepAgent):
         else:
             others = [r for r in self._links if _rate_key(r) != key]
         hazard = self._hazard(state)
-        past = [*state["dwells"].get(key, []), *self.prior_dwells.get(key, [])]
+        past = self._dwells_like(state)
         if not self.anticipate or not past:
             return hazard, others
         return _ended_probability(past, now_s - state["since_s"]), others
 
+    def _dwells_like(self, state: dict[str, Any]) -> list[float]:
+        """Completed dwells like the current link's: seen in its place before, else any.
+
+        Its place: the how-manieth dwell of that link in the episode this is. A schedule's
+        phases need not be alike (a first phase starts unshifted at 0; flaky-link's first
+        fast phase lasts 3.5-4.5 s, its later ones 3-5 s), and pooling them all made the
+        agent hedge early in the first one. Learned dwells in that place where ``learn``
+        saw at least :data:`PLACE_MIN` of them; else every completed dwell of the link,
+        this episode's and learned.
+        """
+        key = state["rate"]
+        place = str(len(state["dwells"].get(key, [])))
+        alike = self.prior_dwells_by_index.get(key, {}).get(place, [])
+        if len(alike) >= PLACE_MIN:
+            return list(alike)
+        return [*state["dwells"].get(key, []), *self.prior_dwells.get(key, [])]
+
     # -- learning what the links do -------------------------------------------------
     def _episode_start(self, obs: np.ndarray) -> None:
         self._seen = None
+        trace = getattr(self.env.unwrapped, "link_phases", None)
+        if trace is not None:  # the simulator's: known whole at the reset
+            self._learn_trace(trace)
 
     def _observe(
         self,
@@ -544,24 +615,54 @@ class ModelPredictiveAgent(StepAgent):
         truncated: bool,
         info: dict[str, Any],
     ) -> None:
-        rate, posterior = self.read_link(next_obs, self._seen)
+        start = float(obs[_FIELD["elapsed_frac"]]) * self.budget_s
+        rate, posterior = self.read_link(next_obs, self._seen, start)
         if rate == "unknown":
             return
-        start = float(obs[_FIELD["elapsed_frac"]]) * self.budget_s
         end = float(next_obs[_FIELD["elapsed_frac"]]) * self.budget_s
         seen = self._observe_reading(self._seen, next_obs, rate, posterior, start, end)
         self.prior_decisions += 1
+        trace = getattr(self.env.unwrapped, "link_phases", None)
         if self._seen is not None and seen["rate"] != self._seen["rate"]:
-            done = self._seen["rate"]
             self.prior_changes += 1
-            self.prior_dwells.setdefault(done, []).append(seen["dwells"][done][-1])
-            nxt = self.prior_next.setdefault(done, {})
-            nxt[seen["rate"]] = nxt.get(seen["rate"], 0) + 1
+            if trace is None:
+                done = self._seen["rate"]
+                dwells = seen["dwells"][done]
+                self._learn_dwell(done, len(dwells) - 1, dwells[-1])
+                self._followed(done, seen["rate"])
         self._seen = seen
+
+    def _learn_dwell(self, key: str, index: int, dwell_s: float) -> None:
+        """One completed dwell of link ``key``, its ``index``-th in the episode (from 0)."""
+        self.prior_dwells.setdefault(key, []).append(dwell_s)
+        self.prior_dwells_by_index.setdefault(key, {}).setdefault(str(index), []).append(dwell_s)
+
+    def _followed(self, done: str, key: str) -> None:
+        nxt = self.prior_next.setdefault(done, {})
+        nxt[key] = nxt.get(key, 0) + 1
+
+    def _learn_trace(self, phases: list[tuple[float, float | None]]) -> None:
+        """Dwells and successions of an episode's whole link trace (the simulator's).
+
+        Every phase that ends within the budget, whether or not the episode got there:
+        episodes end at the target, and dwells read only up to it came mostly from the
+        first phase, whose start is never shifted (on the held-back variant of
+        flaky-link every fast dwell learned lay at 2.7-3.8 s where later ones run
+        2.2-3.8 s, and a dense entry was played 2.5 s into one).
+        """
+        ends = [t for t, _ in phases[1:]]
+        count: dict[str, int] = {}
+        for (start, rate), end, (_, after) in zip(phases, ends, phases[1:], strict=False):
+            key = _rate_key(rate)
+            if key != _rate_key(after):
+                self._learn_dwell(key, count.get(key, 0), end - start)
+                count[key] = count.get(key, 0) + 1
+                self._followed(key, _rate_key(after))
 
     def _get_state(self) -> dict[str, Any]:
         return {
             "prior_dwells": self.prior_dwells,
+            "prior_dwells_by_index": self.prior_dwells_by_index,
             "prior_next": self.prior_next,
             "prior_decisions": self.prior_decisions,
             "prior_changes": self.prior_changes,
@@ -569,6 +670,10 @@ class ModelPredictiveAgent(StepAgent):
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self.prior_dwells = {k: list(v) for k, v in state.get("prior_dwells", {}).items()}
+        self.prior_dwells_by_index = {
+            k: {i: list(d) for i, d in v.items()}
+            for k, v in state.get("prior_dwells_by_index", {}).items()
+        }
         self.prior_next = {k: dict(v) for k, v in state.get("prior_next", {}).items()}
         self.prior_decisions = int(state.get("prior_decisions", 0))
         self.prior_changes = int(state.get("prior_changes", 0))
@@ -639,11 +744,11 @@ def _observe_link(
     if not state:
         return {
             "rate": key, "value": rate, "since_s": start_s,
-            "open_s": end_s if sure else start_s, "before": None, "dwells": {},
-            "decisions": 1, "changes": 0,
+            "open_s": end_s if sure else start_s, "read_s": start_s, "before": None,
+            "dwells": {}, "decisions": 1, "changes": 0,
         }  # fmt: skip
     if key == state["rate"]:
-        out = {**state, "decisions": state["decisions"] + 1}
+        out = {**state, "decisions": state["decisions"] + 1, "read_s": start_s}
         if sure:
             out["open_s"] = end_s
         return out
@@ -654,6 +759,6 @@ def _observe_link(
     # what is not the link's (the speed readings) carries over
     return {
         **state, "rate": key, "value": rate, "since_s": since, "open_s": end_s,
-        "before": before, "dwells": dwells, "decisions": state["decisions"] + 1,
+        "read_s": start_s, "before": before, "dwells": dwells, "decisions": state["decisions"] + 1,
         "changes": state["changes"] + 1,
     }  # fmt: skip

@@ -319,6 +319,20 @@ class SimEnv(gym.Env):
         return [0.0] if self._schedule is None else [float(t) for t, _ in self._schedule]
 
     @property
+    def link_phases(self) -> list[tuple[float, float | None]]:
+        """The running episode's link over its whole budget: ``(start_s, rate)`` pairs.
+
+        ``rate`` in bit/s (None: unshaped), the per-seed shift applied; the phases that
+        start within ``time_budget_s``, whether or not the episode gets there (it ends at
+        the target). What a learner may read of the simulator's trace, as Pensieve's
+        learns from its throughput traces.
+        """
+        if self._schedule is None:
+            return [(0.0, None)]
+        budget = float(self.config.time_budget_s)
+        return [(float(t), float(spec.rate_bit_s)) for t, spec in self._schedule if t < budget]
+
+    @property
     def episode_phases(self) -> list[tuple[float, str]]:
         """The running episode's condition phases, as the real env's ``episode_phases``."""
         return episode_phases(self.config, self._schedule, self._stragglers, self._crossing)

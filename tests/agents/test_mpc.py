@@ -69,8 +69,15 @@ def test_learns_the_links_dwells_then_adapts_and_captures_headroom(setup, link_f
     agent.learn(300)  # training episodes (env seeds from 0): only the link readings kept
     assert set(agent.prior_dwells) == {"1e+10", "1e+07"}
     assert agent.prior_next["1e+10"] == {"1e+07": len(agent.prior_dwells["1e+10"])}
-    # every change the readings recorded is a dwell that ended
-    assert agent.prior_changes == sum(len(d) for d in agent.prior_dwells.values())
+    # the dwells are the simulator's trace, every phase that ends within the budget (not
+    # only up to the target): the schedule's 4 s and 2.4 s phases, each end moved <= 0.5 s
+    fast, slow = agent.prior_dwells["1e+10"], agent.prior_dwells["1e+07"]
+    assert all(3.5 - 1e-9 <= d <= 4.5 + 1e-9 for d in agent.prior_dwells_by_index["1e+10"]["0"])
+    assert all(3.0 - 1e-9 <= d <= 5.0 + 1e-9 for d in fast)
+    assert all(1.4 - 1e-9 <= d <= 3.4 + 1e-9 for d in slow)
+    assert len(fast) == 3 * len(agent.prior_dwells_by_index["1e+10"]["0"])  # 3 end in 30 s
+    # the readings still count decisions and changes (the hazard)
+    assert 0 < agent.prior_changes < len(fast) + len(slow)
     assert agent.prior_decisions >= 250  # the reset's observation reads no link
     mean_s, by_condition, plan_s = _play(env, agent)
     modal = {net: c.most_common(1)[0][0] for net, c in by_condition.items()}
@@ -257,3 +264,23 @@ def test_speed_readings_survive_a_link_change_and_weigh_by_their_share_off_the_w
     assert _scale({"scales": [*state["scales"], [0.6, 0.01]]}) == 1.3
     assert _scale({"scales": [[0.8, 0.2], [1.0, 0.5], [1.4, 0.2]]}) == 1.0
     assert _scale(None) == 1.0
+
+
+def test_the_filter_expects_a_change_where_the_links_dwell_is_due(setup):
+    env, path = setup
+    agent = make_agent("mpc", env, calibration=str(path))
+    agent.prior_dwells_by_index = {"1e+07": {"0": [2.0, 2.2, 2.4]}}
+    agent.prior_decisions, agent.prior_changes = 200, 10  # the hazard: 11 / 204
+    state = _observe_link(None, 1e7, 0.0, 0.3)
+    state = _observe_link(state, 1e7, 0.3, 0.6)  # the last decision read started at 0.3
+    hazard = agent._hazard(state)
+    # early in the dwell: the hazard (Laplace's rule) is the floor
+    assert agent._transition(state, 0.6) == pytest.approx(hazard)
+    # read at 2.0 s after one from 1.7 s: the dwells say a change is likely in between
+    late = {**state, "read_s": 1.7}
+    due = agent._transition(late, 2.0)
+    assert hazard < 0.06 and due > 0.15  # (F(2.0) - F(1.7)) / (1 - F(1.7)) = 0.158
+    # without a decision's start (or not anticipating) only the hazard
+    assert agent._transition(late, None) == pytest.approx(hazard)
+    agent.anticipate = False
+    assert agent._transition(late, 2.0) == pytest.approx(hazard)

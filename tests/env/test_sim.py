@@ -357,6 +357,14 @@ def test_phase_replay_equals_the_real_envs_resolution(network):
         assert sim.episode_seed == es
         starts = [0.0] if real._schedule is None else [float(t) for t, _ in real._schedule]
         assert sim.link_phase_starts == starts
+        # the trace a learner may read: the same phases with their rates, within the budget
+        budget = cfg.time_budget_s
+        assert [t for t, _ in sim.link_phases] == [t for t in starts if t < budget]
+        assert all(
+            rate == sim_spec.rate_bit_s
+            for (t, rate) in sim.link_phases
+            for sim_spec in [real._schedule.spec_at(t)]
+        )
         assert sim.episode_phases == real.episode_phases
         for t in (0.0, 3.9, 4.6, 7.0, 11.0):
             assert sim.condition_at(t) == real.condition_at(t)
