@@ -240,6 +240,7 @@ class ModelPredictiveAgent(StepAgent):
         self.prior_decisions = 0
         self.prior_changes = 0
         self._seen: dict[str, Any] | None = None
+        self._trace_read = False
         #: wall seconds of the last plan (decision time, reported by tests and benches)
         self.plan_s = 0.0
         #: the link rate the last plan assumed, bit/s (None: unshaped)
@@ -601,9 +602,7 @@ class ModelPredictiveAgent(StepAgent):
     # -- learning what the links do -------------------------------------------------
     def _episode_start(self, obs: np.ndarray) -> None:
         self._seen = None
-        trace = getattr(self.env.unwrapped, "link_phases", None)
-        if trace is not None:  # the simulator's: known whole at the reset
-            self._learn_trace(trace)
+        self._trace_read = False
 
     def _observe(
         self,
@@ -623,6 +622,11 @@ class ModelPredictiveAgent(StepAgent):
         seen = self._observe_reading(self._seen, next_obs, rate, posterior, start, end)
         self.prior_decisions += 1
         trace = getattr(self.env.unwrapped, "link_phases", None)
+        if trace is not None and not self._trace_read:
+            # the simulator's trace, known whole from the reset: read once an episode is
+            # played (``learn(0)`` learns nothing)
+            self._learn_trace(trace)
+            self._trace_read = True
         if self._seen is not None and seen["rate"] != self._seen["rate"]:
             self.prior_changes += 1
             if trace is None:

@@ -76,6 +76,9 @@ def test_learns_the_links_dwells_then_adapts_and_captures_headroom(setup, link_f
     assert all(3.0 - 1e-9 <= d <= 5.0 + 1e-9 for d in fast)
     assert all(1.4 - 1e-9 <= d <= 3.4 + 1e-9 for d in slow)
     assert len(fast) == 3 * len(agent.prior_dwells_by_index["1e+10"]["0"])  # 3 end in 30 s
+    # learn(0) plays no decision and reads no trace
+    fresh = make_agent("mpc", env, calibration=str(path), link_from=link_from).learn(0)
+    assert fresh.prior_dwells == {} and fresh.prior_decisions == 0
     # the readings still count decisions and changes (the hazard)
     assert 0 < agent.prior_changes < len(fast) + len(slow)
     assert agent.prior_decisions >= 250  # the reset's observation reads no link
