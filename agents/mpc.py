@@ -525,9 +525,7 @@ class ModelPredictiveAgent(StepAgent):
             return self._action(self._safe), state
         prev = self._entry_of(obs)
         # the reading timed the link of the decision that started at the last decision point
-        state = self._observe_reading(
-            state, obs, rate, posterior, state["now"] if state else 0.0, now
-        )
+        state = self._observe_reading(state, obs, rate, posterior, start or 0.0, now)
         self.rate_bit_s = rate
         loss = float(obs[_FIELD["eval_loss"]])
         p, others = self._switch_probability(state, now)
