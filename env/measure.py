@@ -22,7 +22,7 @@ import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -99,7 +99,11 @@ class RankMeasurement:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python copy (picklable, JSON-able)."""
-        return asdict(self)
+        # a shallow copy with its one list copied: what asdict() gives, at a tenth of its
+        # cost (every rank builds one per decision)
+        d = self.__dict__.copy()
+        d["bucket_bytes"] = list(self.bucket_bytes)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RankMeasurement:

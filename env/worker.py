@@ -187,7 +187,11 @@ class RankRunner:
         The reply holds this rank's measurements: ``train_time_s`` (wall time of the
         iterations plus the decision-boundary consensus averaging), per-iteration medians
         and means of the ``StepStats`` fields, mean training loss, the held-out loss and
-        accuracy of the consensus model, and whether anything was non-finite.
+        accuracy of the consensus model, and whether anything was non-finite; beside them
+        the handler's own timings, seconds: ``reconfigure_s`` (part of ``train_time_s``),
+        ``instrumentation_s`` (the synchronizer's statistics summed over the iterations,
+        e.g. the exact all-reduce behind ``compression_error``: wall time that is not
+        training time) and ``handler_s`` (the whole command on this rank).
         """
         if self.sync is None or self.model is None:
             raise RuntimeError("step before reset")
@@ -200,6 +204,7 @@ class RankRunner:
         straggler = StragglerSpec(**msg.get("straggler", {}))
         rec = self.recorder
         rec.reset()
+        instrumentation_s = 0.0
         for i in range(steps):
             if i == steps - 1:
                 sync.request_error_measurement()
@@ -219,6 +224,7 @@ class RankRunner:
             rec.record_step(
                 time.perf_counter() - t0 - st.instrumentation_s, loss.detach(), st, avg.bytes_sent
             )
+            instrumentation_s += st.instrumentation_s
         # one consensus model at every decision boundary (cost counted)
         c0 = time.perf_counter()
         cons = sync.consensus(optimizer_state=False)
@@ -247,6 +253,8 @@ class RankRunner:
             "type": "step",
             **measured.to_dict(),
             "reconfigure_s": reconfigure_s,
+            # where the handler's time outside train_time_s goes (``commgym bench env``)
+            "instrumentation_s": instrumentation_s,
             "handler_s": time.perf_counter() - t_handler,
         }
 

@@ -16,20 +16,22 @@ overhead ratio ``median(env_step_s / train_time_s) - 1`` (also the ratio of medi
 the reset times (first reset = launching the ranks; second reset = ranks persist, no
 respawn) and a verdict against the target (``<= 5 %``) and goal (``<= 2 %``).
 
-Where the overhead goes (measured without changing the environment):
+Where the overhead goes, measured per decision from the replies themselves (their
+parts sum to ``env_step_s`` minus the slowest rank's ``train_time_s``; see
+:func:`overhead_parts`):
 
 * env side = ``env_step_s - command_s`` (action decode, reply aggregation);
-* fixed per decision = round trip of a ``steps=0`` command minus its training time
-  (control-plane messaging + the held-out evaluation every rank runs after each decision
-  + building the reply); the evaluation is part of the env step but not of
-  ``train_time_s``;
-* the remainder of ``command_s - train_time_s`` scales with the iterations: per-iteration
-  work outside the ranks' timed region (recording each iteration's statistics after its
-  timer) and skew between ranks.
+* messaging = ``command_s`` minus the slowest rank's ``handler_s`` (pickling, the control
+  connections, waking the processes);
+* on the rank whose handler took longest: the held-out evaluation (``eval_s``),
+  commgym's statistics inside the iterations (``instrumentation_s``: gradient norm and
+  non-finite check, the exact all-reduce behind ``compression_error``), the rest of its
+  handler (per-iteration bookkeeping after each timer, reducing the losses, building
+  the reply), and the rank skew (its ``train_time_s`` minus the slowest one's, <= 0).
 
-Two local estimates (in this process, ``threads_per_rank`` torch threads, ranks idle) put
-numbers on one rank's share of the evaluation and on the per-iteration batch fetch (which
-the worker times as part of each training iteration, so it is training time, not overhead).
+A ``steps=0`` probe after the measured decisions gives the fixed cost of a command
+without iterations (messaging, evaluation, reply) and the pickled sizes of a command and
+a reply.
 
 Run as ``commgym bench env [options]`` or ``python -m commgym.experiments.bench env
 [options]`` (the same typer command).
@@ -57,6 +59,7 @@ __all__ = [
     "TARGET_OVERHEAD",
     "WARMUP_DECISIONS",
     "action_sequence",
+    "overhead_parts",
     "run_env_benchmark",
     "summarize",
 ]
@@ -118,7 +121,8 @@ def summarize(records: list[dict[str, Any]], warmup: int = WARMUP_DECISIONS) -> 
         ``overhead_ratio`` (``median(env / train) - 1``), ``overhead_ratio_of_medians``
         (``median(env) / median(train) - 1``), ``p90_overhead_ratio``,
         ``median_env_side_s`` (``env - command``) and ``median_round_trip_extra_s``
-        (``command - train``).
+        (``command - train``); ``median_parts_s``: the median of each of
+        :func:`overhead_parts`'s parts (``{}`` when the records carry none).
 
     Raises:
         ValueError: no decision left after the warm-up.
@@ -142,19 +146,66 @@ def summarize(records: list[dict[str, Any]], warmup: int = WARMUP_DECISIONS) -> 
         "p90_overhead_ratio": float(np.percentile(ratios, 90)) if ratios else math.nan,
         "median_env_side_s": _median([e - c for e, c in zip(env, cmd, strict=True)]),
         "median_round_trip_extra_s": _median([c - t for c, t in zip(cmd, train, strict=True)]),
+        "median_parts_s": {
+            k: _median([float(r["parts"][k]) for r in rows])
+            for k in PARTS
+            if all("parts" in r for r in rows)
+        },
     }
 
 
-def _timed_command(cluster: Any, sink: list[float]) -> Callable[..., Any]:
-    """Wrap ``cluster.command`` (instance attribute only) to record each round trip."""
+#: The parts of one decision's overhead (:func:`overhead_parts`), in the report's order.
+PARTS = ("env_side_s", "messaging_s", "eval_s", "instrumentation_s", "handler_rest_s", "skew_s")
+
+
+def overhead_parts(
+    env_step_s: float, command_s: float, replies: Sequence[dict[str, Any]]
+) -> dict[str, float]:
+    """Split one decision's overhead ``env_step_s - max(train_time_s)`` into its parts.
+
+    Args:
+        env_step_s: the env's wall time of ``step()``, seconds.
+        command_s: the control-plane round trip inside it, seconds.
+        replies: the ranks' ``step`` replies (``train_time_s``, ``handler_s``, ``eval_s``,
+            ``instrumentation_s``; seconds).
+
+    Returns:
+        ``PARTS`` -> seconds, summing to ``env_step_s - max(train_time_s)``: the env side,
+        the messaging (round trip beyond the slowest handler) and, on the rank whose
+        handler took longest, its evaluation, its statistics, the rest of its handler
+        and its skew (its training time minus the slowest rank's, <= 0).
+
+    Raises:
+        KeyError: a reply lacks one of the fields (ranks of an older commgym).
+    """
+    slow = max(replies, key=lambda r: float(r["handler_s"]))
+    handler, train = float(slow["handler_s"]), float(slow["train_time_s"])
+    ev, instr = float(slow["eval_s"]), float(slow["instrumentation_s"])
+    return {
+        "env_side_s": env_step_s - command_s,
+        "messaging_s": command_s - handler,
+        "eval_s": ev,
+        "instrumentation_s": instr,
+        "handler_rest_s": handler - train - ev - instr,
+        "skew_s": train - max(float(r["train_time_s"]) for r in replies),
+    }
+
+
+def _timed_command(cluster: Any, sink: list[tuple[float, Any]]) -> Callable[..., Any]:
+    """Wrap ``cluster.command`` (instance attribute only) to record each round trip.
+
+    ``sink`` gets ``(seconds, replies)`` per command (``replies`` None when it raised).
+    """
     inner = cluster.command
 
     def command(msg: dict[str, Any], timeout_s: float | None = None) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
+        replies = None
         try:
-            return inner(msg, timeout_s)
+            replies = inner(msg, timeout_s)
+            return replies
         finally:
-            sink.append(time.perf_counter() - t0)
+            sink.append((time.perf_counter() - t0, replies))
 
     return command
 
@@ -174,59 +225,6 @@ def _probe_fixed_overhead(cluster: Any, config: dict[str, Any], probes: int) -> 
         "fixed_per_decision_s": _median([a - b for a, b in zip(rtt, train, strict=True)]),
         "reply_pickle_bytes": reply_bytes,
         "command_pickle_bytes": len(pickle.dumps({"cmd": "step", "config": config, "steps": 10})),
-    }
-
-
-def _local_estimates(
-    workload: str,
-    world_size: int,
-    batch_size: int | None,
-    steps: int,
-    threads: int,
-    repeats: int = 30,
-) -> dict[str, float]:
-    """Time the held-out evaluation and ``steps`` batch fetches in this process."""
-    import torch
-
-    from commgym.env.worker import EVAL_SAMPLES
-    from commgym.env.workloads import get_workload
-
-    wl = get_workload(workload)
-    data = wl.load_data()
-    prev_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        torch.manual_seed(0)
-        model = wl.build_model()
-        # one rank's share of the held-out batch, as the worker evaluates it (strided)
-        n_eval = len(range(0, min(EVAL_SAMPLES, len(data.eval_x)), world_size))
-        ex = data.eval_x[0 : min(EVAL_SAMPLES, len(data.eval_x)) : world_size]
-        ey = data.eval_y[0 : min(EVAL_SAMPLES, len(data.eval_x)) : world_size]
-        wl.evaluate(model, ex, ey)
-        ev = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            wl.evaluate(model, ex, ey)
-            ev.append(time.perf_counter() - t0)
-        bs = int(batch_size or wl.default_batch_size)
-        shard_x = data.train_x[::world_size]
-        shard_y = data.train_y[::world_size]
-        gen = torch.Generator().manual_seed(0)
-        order = torch.randperm(len(shard_x), generator=gen)
-        fetch = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for i in range(steps):
-                lo = (i * bs) % max(len(order) - bs, 1)
-                idx = order[lo : lo + bs]
-                _ = shard_x[idx], shard_y[idx]
-            fetch.append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(prev_threads)
-    return {
-        "eval_estimate_s": _median(ev),
-        "eval_samples": n_eval,
-        "batch_fetch_estimate_s": _median(fetch),
     }
 
 
@@ -272,40 +270,40 @@ def _print_report(console: Console, res: dict[str, Any]) -> None:
     console.print(table)
 
     b = res["breakdown"]
+    parts = res["median_parts_s"]
     t2 = Table(title="where the overhead goes (median per decision)")
     t2.add_column("part", no_wrap=True)
     t2.add_column("ms", justify="right", no_wrap=True)
     t2.add_column("how it is measured")
+    rows = [
+        ("env side (decode, aggregate)", "env_side_s", "env_step_s - command round trip"),
+        ("messaging", "messaging_s", "command round trip - the slowest rank's handler_s"),
+        (
+            "held-out evaluation",
+            "eval_s",
+            "eval_s of the rank whose handler took longest (every rank evaluates its share)",
+        ),
+        (
+            "commgym's statistics",
+            "instrumentation_s",
+            "its instrumentation_s: gradient norm / non-finite check every iteration, the "
+            "exact all-reduce behind compression_error once (lossy entries)",
+        ),
+        (
+            "rest of the handler",
+            "handler_rest_s",
+            "its handler_s - train_time_s - eval_s - instrumentation_s (bookkeeping after "
+            "each iteration's timer, loss reduction, the reply)",
+        ),
+        ("rank skew", "skew_s", "its train_time_s - the slowest rank's (<= 0)"),
+    ]
+    for label, key, how in rows:
+        t2.add_row(label, _fmt_ms(parts.get(key, math.nan)), how)
     t2.add_row(
-        "env side (decode, aggregate)",
-        _fmt_ms(res["median_env_side_s"]),
-        "env_step_s - cluster.command round trip",
-    )
-    t2.add_row(
-        "round trip beyond train_time_s",
-        _fmt_ms(res["median_round_trip_extra_s"]),
-        "cluster.command round trip - train_time_s",
-    )
-    t2.add_row(
-        "  fixed per decision",
+        "fixed per decision (steps=0)",
         _fmt_ms(b["fixed_per_decision_s"]),
-        "steps=0 command round trip - its train_time_s (messaging + eval + reply)",
-    )
-    t2.add_row(
-        "    of which held-out eval (estimate)",
-        _fmt_ms(b["eval_estimate_s"]),
-        f"workload.evaluate on one rank's {b['eval_samples']} samples, locally; not in "
-        "train_time_s",
-    )
-    t2.add_row(
-        "  per-iteration remainder",
-        _fmt_ms(b["per_iteration_remainder_s"]),
-        "round-trip extra - fixed (bookkeeping after each iteration's timer, rank skew)",
-    )
-    t2.add_row(
-        f"  not overhead: {m['steps_per_decision']} batch fetches (estimate)",
-        _fmt_ms(b["batch_fetch_estimate_s"]),
-        "_next_batch indexing, locally; inside each iteration's timer (training time)",
+        f"a steps=0 command's round trip - its train_time_s; command "
+        f"{b['command_pickle_bytes']} B, reply {b['reply_pickle_bytes']} B pickled",
     )
     console.print(t2)
     style = "green" if res["meets_target"] else "red"
@@ -342,9 +340,10 @@ def run_env_benchmark(
     Returns:
         The :func:`summarize` keys plus ``reset_first_s``, ``reset_second_s``,
         ``rank_reset_s``, ``launches``, ``verdict``, ``meets_target``, ``meets_goal``,
-        ``target``, ``goal``, ``breakdown`` (``fixed_per_decision_s``,
-        ``eval_estimate_s``, ``batch_fetch_estimate_s``, ``per_iteration_remainder_s``,
-        probe and pickle sizes), ``meta`` and ``per_decision`` (raw records).
+        ``target``, ``goal``, ``breakdown`` (the ``steps=0`` probe's
+        ``fixed_per_decision_s``, round trip and pickle sizes, and the median of each of
+        :data:`PARTS`), ``meta`` and ``per_decision`` (raw records, each with its
+        ``parts``).
 
     Raises:
         ValueError: invalid arguments.
@@ -386,7 +385,7 @@ def run_env_benchmark(
         _, info = env.reset(seed=seed)
         reset_second_s = float(info["reset_s"])
         rank_reset_s = float(info["rank_reset_s"])
-        round_trips: list[float] = []
+        round_trips: list[tuple[float, Any]] = []
         cluster = base.cluster
         cluster.command = _timed_command(cluster, round_trips)
         records: list[dict[str, Any]] = []
@@ -397,17 +396,21 @@ def run_env_benchmark(
             if "failure" in info:
                 raise WorkerFailed(f"the ranks failed during the benchmark: {info['failure']}")
             measured = measurement_from_info(info)
-            cmd_s = round_trips[-1] if len(round_trips) > n_before else math.nan
-            records.append(
-                {
-                    "config": info["config"],
-                    # the env's own timing of step(), carried next to the measurement
-                    "env_step_s": float(info["measured"]["env_step_s"]),
-                    "train_time_s": float(measured.train_time_s),
-                    "command_s": cmd_s,
-                    "eval_loss": float(measured.eval_loss),
-                }
-            )
+            env_step_s = float(info["measured"]["env_step_s"])
+            record = {
+                "config": info["config"],
+                # the env's own timing of step(), carried next to the measurement
+                "env_step_s": env_step_s,
+                "train_time_s": float(measured.train_time_s),
+                "command_s": math.nan,
+                "eval_loss": float(measured.eval_loss),
+            }
+            if len(round_trips) > n_before:
+                cmd_s, replies = round_trips[-1]
+                record["command_s"] = cmd_s
+                if replies is not None:
+                    record["parts"] = overhead_parts(env_step_s, cmd_s, replies)
+            records.append(record)
             if (terminated or truncated) and len(records) < decisions:
                 # e.g. a diverging compression: keep measuring in a fresh episode
                 env.reset()
@@ -418,21 +421,11 @@ def run_env_benchmark(
         summary = summarize(records, WARMUP_DECISIONS)
         default_cfg = base.menu.decode(base.menu.default_action()).to_dict()
         probe = _probe_fixed_overhead(cluster, default_cfg, _PROBES)
-        local = _local_estimates(
-            workload,
-            world_size,
-            base.config.batch_size,
-            steps_per_decision,
-            base.config.threads_per_rank,
-        )
         launches = int(base.launches)
     finally:
         env.close()
 
-    breakdown = {**probe, **local}
-    breakdown["per_iteration_remainder_s"] = (
-        summary["median_round_trip_extra_s"] - probe["fixed_per_decision_s"]
-    )
+    breakdown = {**probe, **summary["median_parts_s"]}
     overhead = summary["overhead_ratio"]
     result: dict[str, Any] = {
         **summary,

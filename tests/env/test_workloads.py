@@ -106,6 +106,17 @@ def test_evaluate_matches_single_pass_and_restores_mode_on_error():
     assert loss == pytest.approx(workload.loss_fn(out, y).item(), rel=1e-5)
     assert acc == pytest.approx((out.argmax(-1) == y).float().mean().item(), abs=1e-6)
 
+    # one chunk (the env's per-decision case) is the single pass exactly, in train mode too
+    model.train()
+    loss1, acc1 = workload.evaluate(model, x[:100], y[:100])
+    model.eval()
+    with torch.no_grad():
+        out1 = model(x[:100])
+    model.train()
+    assert loss1 == workload.loss_fn(out1, y[:100]).item()
+    assert acc1 == (out1.argmax(-1) == y[:100]).float().mean().item()
+    assert model.training
+
     with pytest.raises(ValueError, match="sequence length"):
         workload.evaluate(
             model, torch.zeros(2, 100, dtype=torch.long), torch.zeros(2, 100, dtype=torch.long)

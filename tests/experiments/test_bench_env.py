@@ -11,8 +11,10 @@ from rich.console import Console
 
 from commgym.env.spaces import ActionMenu
 from commgym.experiments.bench.env import (
+    PARTS,
     WARMUP_DECISIONS,
     action_sequence,
+    overhead_parts,
     run_env_benchmark,
     summarize,
 )
@@ -28,6 +30,7 @@ _TOP_KEYS = {
     "p90_overhead_ratio",
     "median_env_side_s",
     "median_round_trip_extra_s",
+    "median_parts_s",
     "reset_first_s",
     "reset_second_s",
     "rank_reset_s",
@@ -48,10 +51,7 @@ _BREAKDOWN_KEYS = {
     "fixed_per_decision_s",
     "reply_pickle_bytes",
     "command_pickle_bytes",
-    "eval_estimate_s",
-    "eval_samples",
-    "batch_fetch_estimate_s",
-    "per_iteration_remainder_s",
+    *PARTS,
 }
 
 
@@ -87,8 +87,13 @@ def test_bench_env_tiny_run(tmp_path):
     # ranks persist across resets: one launch, and a second reset is quick
     assert data["launches"] == 1
     assert data["reset_second_s"] < data["reset_first_s"]
-    for key in ("eval_estimate_s", "batch_fetch_estimate_s", "probe_round_trip_s"):
+    for key in ("eval_s", "messaging_s", "probe_round_trip_s"):
         assert math.isfinite(data["breakdown"][key]) and data["breakdown"][key] > 0, key
+    # every measured decision's parts add up to its overhead over the slowest rank
+    for rec in data["per_decision"]:
+        overhead = rec["env_step_s"] - rec["train_time_s"]
+        assert sum(rec["parts"].values()) == pytest.approx(overhead, abs=1e-9)
+        assert rec["parts"]["skew_s"] <= 0.0
     assert data["verdict"].startswith(("PASS", "FAIL"))
     assert res["meets_target"] == (res["overhead_ratio"] <= 0.05)
 
@@ -103,6 +108,23 @@ def test_action_sequence_fixed_and_cycle():
     assert np.array_equal(cyc[n], cyc[0])
     with pytest.raises(ValueError, match="actions must be one of"):
         action_sequence(menu, "random", 3)
+
+
+def test_overhead_parts_sum_to_the_overhead():
+    replies = [
+        {"train_time_s": 1.0, "handler_s": 1.3, "eval_s": 0.1, "instrumentation_s": 0.05},
+        {"train_time_s": 1.1, "handler_s": 1.25, "eval_s": 0.1, "instrumentation_s": 0.0},
+    ]
+    parts = overhead_parts(1.5, 1.4, replies)
+    assert set(parts) == set(PARTS)
+    # rank 0's handler took longest: its parts, its skew against rank 1's 1.1 s
+    assert parts["messaging_s"] == pytest.approx(0.1)
+    assert parts["eval_s"] == 0.1 and parts["instrumentation_s"] == 0.05
+    assert parts["handler_rest_s"] == pytest.approx(0.15)
+    assert parts["skew_s"] == pytest.approx(-0.1)
+    assert sum(parts.values()) == pytest.approx(1.5 - 1.1)
+    with pytest.raises(KeyError):
+        overhead_parts(1.5, 1.4, [{"train_time_s": 1.0, "handler_s": 1.2}])
 
 
 def test_summarize_ratios_and_validation():
