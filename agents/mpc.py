@@ -19,8 +19,9 @@ by the link cannot:
 * the **remaining loss** (``eval_loss``): progress per decision depends on where training
   is, so the best entry changes as the target comes near;
 * the **switch cost**: leaving a local-SGD period for period 1 averages the optimizer state,
-  and every switch loses a fitted share of a decision's progress
-  (:attr:`~commgym.env.sim.Calibration.switch_penalties`);
+  and every switch loses a fitted share of a decision's progress, charged whole when the
+  switch is made (:meth:`~commgym.env.sim.SimModel.switch_cost`; the calibration's
+  two-decision costs per family entered, or its per-pair penalties);
 * the **remaining budget** (``elapsed_frac``): an entry that cannot reach the target in it
   ranks by the loss it would reach.
 
@@ -445,7 +446,11 @@ class ModelPredictiveAgent(StepAgent):
         for k in range(n):
             switched = prev >= 0 and prev != k
             first = (model.switch_s(prev, k, rate) if switched else 0.0) + timings[k].train_s
-            after = model.next_loss(k, loss, prev)
+            # a switch is charged its whole fitted cost when made (both decisions of the
+            # two-decision form): planning one decision ahead, the form's split, which its
+            # data pin down far less than the total, would otherwise invite switching away
+            # before the second decision's cost, over and over (seen in the simulator)
+            after = model.advance(k, loss, 1.0 - model.switch_cost(prev, k))
             if after <= self.target:
                 out.append(first + probe)
                 continue
@@ -463,7 +468,8 @@ class ModelPredictiveAgent(StepAgent):
     ) -> float:
         """Time to target from ``loss`` with ``last`` in place: the fastest single entry.
 
-        ``timings`` and ``probe`` are the link's, as :meth:`plan` looked them up.
+        ``timings`` and ``probe`` are the link's, as :meth:`plan` looked them up; a
+        switch to another entry is charged its whole cost (:meth:`SimModel.switch_cost`).
         """
         model = self.model
         best = math.inf
@@ -473,7 +479,7 @@ class ModelPredictiveAgent(StepAgent):
             need = self._goal_pos[j] - model.position(j, loss)
             # fractional: a whole number would round away what one decision's progress
             # is worth, the very difference the lookahead weighs
-            decisions = max(need + model.penalty[last][j], 0.0)
+            decisions = max(need + model.switch_cost(last, j), 0.0)
             if decisions > self.horizon:
                 continue
             t = decisions * (timings[j].train_s + probe) + model.switch_s(last, j, rate)

@@ -39,6 +39,8 @@ __all__ = [
     "default_calibration_path",
     "fidelity_lines",
     "gates_path",
+    "refit_switches",
+    "switch_costs_of",
 ]
 
 #: ``env.reset`` seeds of the calibration's static episodes (never evaluation seeds).
@@ -105,6 +107,52 @@ def fidelity_lines(calibration: str | os.PathLike[str]) -> list[str]:
 SWITCH_EPISODES = 8
 
 
+def switch_costs_of(fit: dict[str, Any]) -> dict[str, list[float]]:
+    """The calibration's ``switch_costs`` from a switch fit.
+
+    Its two-decision costs per family entered where that form won the held-out check
+    (``model == "entered"``), else none (the pair form is the simulator's).
+    """
+    if fit.get("model") != "entered":
+        return {}
+    return {k: [float(x) for x in v] for k, v in fit.get("costs", {}).items()}
+
+
+def refit_switches(cal: Any) -> Any:
+    """``cal`` with its switch model fitted again from its own random-switch episodes.
+
+    No ranks run: the episodes the calibration kept (``switch_episodes``) and its static
+    curves are what :func:`~commgym.env.sim.progress.fit_switch_penalties` reads, so a
+    calibration written before a newer form of the switch cost gets it without being
+    measured again (``commgym calibrate-sim --refit-switches``).
+
+    Raises:
+        ValueError: the calibration kept no switch episodes.
+    """
+    import dataclasses
+
+    from commgym.env.sim import fit_switch_penalties
+
+    if not cal.switch_episodes:
+        raise ValueError(
+            "this calibration kept no random-switch episodes to refit from: re-run "
+            "`commgym calibrate-sim` (with --switch-episodes > 0)"
+        )
+    curves = {e: ent.curves for e, ent in cal.entries.items()}
+    eps = [(list(e), list(ls)) for e, ls in cal.switch_episodes]
+    fit = fit_switch_penalties(curves, eps, cal.target_loss)
+    when = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    meta = {**cal.meta, "switch_refit": {"date": when, "commit": _git_commit()}}
+    return dataclasses.replace(
+        cal,
+        switch_penalty=fit["penalty"],
+        switch_penalties=fit["penalties"],
+        switch_costs=switch_costs_of(fit),
+        switch_fit=fit,
+        meta=meta,
+    )
+
+
 def switch_lines(cal: Any) -> list[str]:
     """The switch model of a calibration and its leave-one-episode-out check, as lines."""
     f = cal.switch_fit
@@ -118,6 +166,12 @@ def switch_lines(cal: Any) -> list[str]:
         f"switch penalties (decisions of progress lost): pooled {cal.switch_penalty:.2f} over "
         f"{f.get('switches', 0)} switches; {pairs or 'no switches'}"
     ]
+    if cal.switch_costs:
+        costs = ", ".join(f"{k} {a:.2f} + {b:.2f}" for k, (a, b) in cal.switch_costs.items())
+        lines.append(
+            "in force: per family entered, the switching decision + the next one "
+            f"(decisions of progress lost): {costs}"
+        )
     gate = switch_gate(f)
     if gate is not None:
         lines.append(
@@ -130,9 +184,12 @@ def switch_lines(cal: Any) -> list[str]:
 
 def switch_gate_figure(fit: dict[str, Any]) -> str:
     """The switch gate's figures (a measurable fit: :func:`switch_gate` is not None)."""
+    entered = fit.get("open_entered")
+    two = "" if entered is None else f"per family entered over two decisions {entered:.3f}, "
     return (
-        f"per-pair {fit['open_pairs']:.3f} (pooled {fit['open_pooled']:.3f}, free switches "
-        f"{fit['open_zero']:.3f}), static episodes {fit['open_static']:.3f}"
+        f"{two}per-pair {fit['open_pairs']:.3f} (pooled {fit['open_pooled']:.3f}, free "
+        f"switches {fit['open_zero']:.3f}), static episodes {fit['open_static']:.3f}; in force: "
+        f"{'per family entered' if fit.get('model') == 'entered' else 'per pair'}"
     )
 
 
@@ -142,8 +199,12 @@ SWITCH_GATE_RATIO = 1.5
 
 
 def switch_gate(fit: dict[str, Any]) -> bool | None:
-    """Whether a switch fit passes :data:`SWITCH_GATE_RATIO` (None: not measurable)."""
-    a, b = fit.get("open_pairs"), fit.get("open_static")
+    """Whether a switch fit passes :data:`SWITCH_GATE_RATIO` (None: not measurable).
+
+    The figure is the form in force's (``open_model``; fits before the two-decision form
+    have only the pair form's ``open_pairs``).
+    """
+    a, b = fit.get("open_model", fit.get("open_pairs")), fit.get("open_static")
     if a is None or b is None or not (np.isfinite(a) and np.isfinite(b)):
         return None
     return bool(a <= SWITCH_GATE_RATIO * b)
@@ -388,6 +449,7 @@ def calibrate_sim(
         wire=wire,
         switch_penalty=switch_fit["penalty"],
         switch_penalties=switch_fit["penalties"],
+        switch_costs=switch_costs_of(switch_fit),
         switch_fit=switch_fit,
         switch_episodes=[[list(e), list(ls)] for e, ls in switch_eps],
         eval_acc=acc_rows,

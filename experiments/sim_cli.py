@@ -34,6 +34,10 @@ CALIBRATE_OPTIONS = {
         "Random-switch episodes (the switch penalties' fit; default 8).", min=0
     ),
     "rates": CliField("Comma-separated link rates to time the wire on (default: the plan's)."),
+    "refit_switches": CliField(
+        "Refit the switch model of this calibration from the switch episodes it kept and "
+        "write it to --out; no ranks run (a calibration from before a newer switch form)."
+    ),
 }
 
 GATES_OPTIONS = {
@@ -91,17 +95,36 @@ def register(app: typer.Typer) -> None:
         budget_s: float = 60.0,
         switch_episodes: int | None = None,
         rates: str | None = None,
+        refit_switches: str | None = None,
     ) -> None:
         """Measure the simulator's parts on real ranks (one calibration per workload setting)."""
         from commgym.env.net import NetworkSpec
-        from commgym.experiments.calibrate_sim import calibrate_sim, calibration_path, switch_lines
+        from commgym.experiments import calibrate_sim as cs
         from commgym.experiments.config import load_run_config
         from commgym.experiments.progress import console, phase
 
+        if refit_switches is not None:
+            from commgym.env.sim import Calibration
+
+            try:
+                if out is None or Path(out).resolve() == Path(refit_switches).resolve():
+                    raise ValueError(
+                        f"--refit-switches {refit_switches} needs --out PATH, another file "
+                        "(the calibration read stays as it was)"
+                    )
+                with console.status("refitting the switch model (no ranks) ..."):
+                    cal = cs.refit_switches(Calibration.load(refit_switches))
+                cal.save(out)
+            except (ValueError, FileNotFoundError) as err:
+                fail(err)
+            console.print(f"switch model of {refit_switches} refitted -> {out}")
+            for line in cs.switch_lines(cal):
+                console.print(line)
+            return
         try:
             env_cfg = load_run_config(config).env_config
-            path = str(calibration_path(out, env_cfg))
-            cal = calibrate_sim(
+            path = str(cs.calibration_path(out, env_cfg))
+            cal = cs.calibrate_sim(
                 env_cfg, path, seeds=comma_list(seeds, int), target_loss=target_loss,
                 budget_s=budget_s,
                 **({} if switch_episodes is None else {"switch_episodes": switch_episodes}),
@@ -119,5 +142,5 @@ def register(app: typer.Typer) -> None:
             f"{m['real_decisions']} decisions "
             f"(load {m['load_before'][0]:.2f} -> {m['load_after'][0]:.2f})"
         )
-        for line in switch_lines(cal):
+        for line in cs.switch_lines(cal):
             console.print(line)

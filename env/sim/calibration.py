@@ -12,9 +12,11 @@ are the scenario's, not the calibration's.
 * ``codec``: per compression spec, the kernels' codec time and payload per round
   (:mod:`commgym.env.sim.codec`) on the workload's one bucket;
 * ``wire``: the alpha-beta fit per recorded link rate (:mod:`commgym.env.sim.wire`);
-* ``switch_penalty`` / ``switch_penalties``: the progress a switch costs, pooled and per pair of
-  compressor families, with the fit's leave-one-episode-out check ``switch_fit``
-  (:mod:`commgym.env.sim.progress`);
+* ``switch_penalty`` / ``switch_penalties`` / ``switch_costs``: the progress a switch costs,
+  pooled, per pair of compressor families, or per family entered over two decisions (the
+  form whose held-out episodes the fit predicted better; where ``switch_costs`` is
+  non-empty it is the simulator's), with the fit's leave-one-episode-out check
+  ``switch_fit`` (:mod:`commgym.env.sim.progress`);
 * ``meta``: the real cost (seconds, decisions), load, date, commit.
 """
 
@@ -112,6 +114,9 @@ class Calibration:
             value, share of a decision (pooled over every switch).
         switch_penalties: ``"family->family"`` -> progress lost by such a switch
             (:func:`~commgym.env.sim.progress.switch_pair`).
+        switch_costs: family switched to -> ``[c0, c1]``, progress lost by the switching
+            decision and by the next one if it plays the same entry; non-empty: this
+            form is the model's (calibrations before it have none: the pair form).
         switch_fit: what :func:`~commgym.env.sim.progress.fit_switch_penalties` returned
             (counts per pair and the leave-one-episode-out errors: the switch gate).
         switch_episodes: the random-switch episodes it was fitted on, ``[entries played,
@@ -132,6 +137,7 @@ class Calibration:
     wire: WireModel
     switch_penalty: float = 0.0
     switch_penalties: dict[str, float] = field(default_factory=dict)
+    switch_costs: dict[str, list[float]] = field(default_factory=dict)
     switch_fit: dict[str, Any] = field(default_factory=dict)
     switch_episodes: list[list[list[Any]]] = field(default_factory=list)
     eval_acc: list[list[float]] = field(default_factory=list)
@@ -153,6 +159,7 @@ class Calibration:
             "wire": self.wire.to_dict(),
             "switch_penalty": self.switch_penalty,
             "switch_penalties": dict(self.switch_penalties),
+            "switch_costs": {k: list(v) for k, v in self.switch_costs.items()},
             "switch_fit": _json_safe(self.switch_fit),
             "switch_episodes": [[list(e), list(ls)] for e, ls in self.switch_episodes],
             "eval_acc": self.eval_acc,
@@ -185,6 +192,7 @@ class Calibration:
             # calibrations written before the per-pair fit have one pooled penalty and the
             # RMS of its fit
             switch_penalties={k: float(v) for k, v in d.get("switch_penalties", {}).items()},
+            switch_costs={k: [float(x) for x in v] for k, v in d.get("switch_costs", {}).items()},
             switch_fit=dict(d.get("switch_fit", {"rms": d.get("switch_rms")})),
             switch_episodes=[[list(e), list(ls)] for e, ls in d.get("switch_episodes", [])],
             eval_acc=[list(x) for x in d.get("eval_acc", [])],

@@ -158,6 +158,7 @@ class SimEnv(gym.Env):
         self._eval_loss = self.model.progress.initial_loss
         self._action = self.menu.default_action()
         self._prev_k = -1
+        self._switched = False  # the last decision switched entries
         self._train_time_s = 0.0
         self._decisions = 0
         self._needs_reset = False
@@ -216,7 +217,7 @@ class SimEnv(gym.Env):
             train_s = max(tm.train_s - wire, 0.0) * f + wire
         train_t = train_s + extra + self._probe_s
         prev = self._eval_loss
-        eval_loss = model.next_loss(k, prev, prev_k)
+        eval_loss = model.next_loss(k, prev, prev_k, self._switched)
         ent = self._ent[k]
         steps = cfg.steps_per_decision
         measured = DecisionMeasurement(
@@ -243,6 +244,7 @@ class SimEnv(gym.Env):
         )
         info_cond = self._label
         self._prev_k = k
+        self._switched = switched
         self._decisions += 1
         self._train_time_s += train_t
         elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)

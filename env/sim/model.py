@@ -89,9 +89,12 @@ class SimModel:
             calibration.switch_penalty,
             calibration.target_loss,
             calibration.switch_penalties,
+            calibration.switch_costs,
         )
         #: progress lost switching from flat entry i to j (0 on the diagonal)
         self.penalty = [[self.progress.penalty(a, b) for b in self.entries] for a in self.entries]
+        #: progress lost by the decision after a switch into flat entry j that stays on it
+        self.after_switch = [self.progress.after_switch(e) for e in self.entries]
         tables = self.progress.tables()
         #: per flat entry: (ascending -log-loss levels, positions), plain lists (scalar
         #: look-ups in pure Python beat np.interp's call overhead on the hot path)
@@ -198,16 +201,34 @@ class SimModel:
         """Whether entry ``k``'s fitted progress ever gets down to ``loss``."""
         return -math.log(max(loss, 1e-8)) <= self.tables[k][0][-1] + 1e-12
 
-    def next_loss(self, k: int, loss: float, prev: int = -1) -> float:
+    def switch_cost(self, prev: int, k: int) -> float:
+        """Progress a switch from flat entry ``prev`` to ``k`` loses over both its decisions.
+
+        ``penalty[prev][k] + after_switch[k]``; 0 when ``prev`` is ``k`` or -1 (none).
+        """
+        if prev < 0 or prev == k:
+            return 0.0
+        return self.penalty[prev][k] + self.after_switch[k]
+
+    def advance(self, k: int, loss: float, adv: float) -> float:
+        """Held-out loss after ``adv`` decisions' worth of flat entry ``k``'s progress."""
+        lv, pos = self.tables[k]
+        return math.exp(-_interp(self.position(k, loss) + adv, pos, lv))
+
+    def next_loss(self, k: int, loss: float, prev: int = -1, fresh: bool = False) -> float:
         """Held-out loss after one decision of flat entry ``k`` from ``loss``.
 
         ``prev``: the flat entry played before it (-1: none, the episode's first decision);
-        a switch moves the decision's progress back by the pair's penalty.
+        a switch moves the decision's progress back by its penalty. ``fresh``: the decision
+        before switched into ``prev``; playing it again loses ``after_switch[k]``.
         """
-        lv, pos = self.tables[k]
-        adv = 1.0 - self.penalty[prev][k] if prev >= 0 else 1.0
-        p = self.position(k, loss) + adv
-        return math.exp(-_interp(p, pos, lv))
+        if prev < 0:
+            adv = 1.0
+        elif fresh and prev == k:
+            adv = 1.0 - self.after_switch[k]
+        else:
+            adv = 1.0 - self.penalty[prev][k]
+        return self.advance(k, loss, adv)
 
     def eval_acc(self, loss: float) -> float:
         """Held-out accuracy at ``loss`` (the calibration's read-out; NaN without one)."""

@@ -125,14 +125,19 @@ class _Run:
     def phase(self, t: float) -> int:
         return int(np.searchsorted(self.starts, max(t, 0.0), side="right")) - 1
 
-    def decision(self, k: int, prev: int, loss: float, t: float) -> tuple[float, float]:
-        """``(new training time, new loss)`` after one decision of ``k`` starting at ``t``."""
+    def decision(
+        self, k: int, prev: int, loss: float, t: float, fresh: bool = False
+    ) -> tuple[float, float]:
+        """``(new training time, new loss)`` after one decision of ``k`` starting at ``t``.
+
+        ``fresh``: the decision before switched into ``prev`` (its second decision's cost).
+        """
         i = self.phase(t)
         switched = prev >= 0 and prev != k
         dt = self.timings[i][k].train_s + self.probe[i]
         if switched:
             dt += self.model.switch_s(prev, k, self.rates[i])
-        return t + dt, self.model.next_loss(k, loss, prev)
+        return t + dt, self.model.next_loss(k, loss, prev, fresh)
 
 
 def simulate(
@@ -164,6 +169,7 @@ def simulate(
     run = _Run(model, cfg, reset_seed, probe_bytes)
     starts = [s for s, _ in schedule]
     t, loss, prev, prev_phase = 0.0, model.progress.initial_loss, -1, 0
+    fresh = False  # the last decision switched entries
     while True:
         if opening is not None and prev < 0:
             k = opening
@@ -173,8 +179,8 @@ def simulate(
         if reaction_lag and prev >= 0 and phase != prev_phase:
             k = prev
         prev_phase = phase
-        t, loss = run.decision(k, prev, loss, t)
-        prev = k
+        t, loss = run.decision(k, prev, loss, t, fresh)
+        fresh, prev = prev >= 0 and k != prev, k
         if loss <= run.target:
             return t, loss, t
         if t >= run.budget:
@@ -199,11 +205,17 @@ def static_ranking(
     return sorted(rows, key=EntryTimes.rank_key)
 
 
-def _front(states: list[tuple[float, float, int, tuple]]) -> list[tuple[float, float, int, tuple]]:
-    out: list[tuple[float, float, int, tuple]] = []
-    by_prev: dict[int, list[tuple[float, float, int, tuple]]] = {}
+#: A state of the dynamic programme: (training time, loss, last entry, schedule, whether
+#: the last decision switched into that entry).
+_State = tuple[float, float, int, tuple, bool]
+
+
+def _front(states: list[_State]) -> list[_State]:
+    out: list[_State] = []
+    by_prev: dict[tuple[int, bool], list[_State]] = {}
     for s in states:
-        by_prev.setdefault(s[2], []).append(s)
+        # the same last entry just switched into costs its next decision: apart
+        by_prev.setdefault((s[2], s[4]), []).append(s)
     for group in by_prev.values():
         group.sort(key=lambda s: (s[0], s[1]))
         best = math.inf
@@ -273,9 +285,7 @@ def best_schedule(
         )
     run = _Run(model, cfg, reset_seed, probe_bytes, episode_seed)
     n = len(run.starts)
-    states: dict[int, list[tuple[float, float, int, tuple]]] = {
-        0: [(0.0, model.progress.initial_loss, -1, ())]
-    }
+    states: dict[int, list[_State]] = {0: [(0.0, model.progress.initial_loss, -1, (), False)]}
     if opening is not None:
         t1, l1 = run.decision(opening, -1, model.progress.initial_loss, 0.0)
         if l1 <= run.target:
@@ -283,17 +293,18 @@ def best_schedule(
         if t1 >= run.budget:
             return None, []
         # the only state with an empty schedule: the opening, which saw phase 0's link
-        states = {run.phase(t1): [(t1, l1, opening, ())]}
+        states = {run.phase(t1): [(t1, l1, opening, (), False)]}
     best, plan = math.inf, ()
     for i in range(n):
         end = run.starts[i + 1] if i + 1 < n else math.inf
-        for t_in, l_in, p0, sched in _front(states.pop(i, [])):
+        for t_in, l_in, p0, sched, f_in in _front(states.pop(i, [])):
             if t_in >= best:
                 continue
-            t0, l0 = t_in, l_in
+            t0, l0, f0 = t_in, l_in, f_in
             if reaction_lag and p0 >= 0 and (sched or i != 0):
                 # the phase's first decision: the player has not seen the new link yet
-                t0, l0 = run.decision(p0, p0, l_in, t_in)
+                t0, l0 = run.decision(p0, p0, l_in, t_in, f_in)
+                f0 = False
                 if l0 <= run.target:
                     if t0 < best:
                         best, plan = t0, sched
@@ -301,14 +312,14 @@ def best_schedule(
                 if t0 >= run.budget or t0 >= best:
                     continue
                 if t0 >= end:
-                    states.setdefault(run.phase(t0), []).append((t0, l0, p0, sched))
+                    states.setdefault(run.phase(t0), []).append((t0, l0, p0, sched, False))
                     continue
             for k in range(len(model.entries)):
-                t, loss, prev = t0, l0, p0
+                t, loss, prev, fresh = t0, l0, p0, f0
                 here = (*sched, (run.starts[i], k))
                 while True:
-                    t, loss = run.decision(k, prev, loss, t)
-                    prev = k
+                    t, loss = run.decision(k, prev, loss, t, fresh)
+                    fresh, prev = prev >= 0 and k != prev, k
                     if loss <= run.target:
                         if t < best:
                             best, plan = t, here
@@ -316,7 +327,7 @@ def best_schedule(
                     if t >= run.budget or t >= best:
                         break
                     if t >= end:
-                        states.setdefault(run.phase(t), []).append((t, loss, k, here))
+                        states.setdefault(run.phase(t), []).append((t, loss, k, here, fresh))
                         break
     if not math.isfinite(best):
         return None, []

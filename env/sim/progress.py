@@ -14,13 +14,20 @@ at loss ``L`` continues as ``e`` does from ``L``). A decision that *switches* fr
 ``p`` to ``e`` moves it forward by ``1 - penalty(p, e)`` only (negative: the loss rises):
 the switch restarts error feedback's residuals and PowerSGD's warm start and, from a
 local-SGD period, meets replicas that drifted apart
-(:meth:`GradientSynchronizer.reconfigure`). What is lost depends on what the two entries
-keep, so the penalty is fitted per pair of compressor families (:func:`switch_family`:
-dense, quantised, sparse, low-rank) from episodes that switch at random
-(:func:`fit_switch_penalties`), with the pooled value for pairs seen too rarely. Measured on
-flaky-link's workload (PPO's real episodes, 2026-12-05): a switch between top-k and PowerSGD
-kept a quarter of a decision's progress, a switch between two dense entries nearly all of it,
-so one pooled value mispriced exactly the switches a learned policy makes.
+(:meth:`GradientSynchronizer.reconfigure`). Two forms of that cost, both fitted from
+episodes that switch at random (:func:`fit_switch_penalties`), the calibration keeping the
+one whose held-out episodes it predicts better:
+
+* per pair of compressor families (:func:`switch_family`: dense, quantised, sparse,
+  low-rank), charged to the switching decision alone, with a pooled value for pairs seen
+  too rarely;
+* per family *entered*, over two decisions (``switch_costs``: the switching decision
+  loses ``c0``, the next one, if it stays on the entry, ``c1``): what restarts is the
+  entered compressor's own state (an empty residual, a cold PowerSGD basis), and its cost
+  spreads over the decision after the switch. Measured on flaky-link's workload
+  (calibration of 2026-12-05, 8 random-switch episodes, 211 switches): entering a dense
+  entry cost 0, top-k 0.09 + 1.20 decisions, PowerSGD 0.19 + 0.59; held out, this form's
+  replay error was 0.048 against the pair form's 0.071 (static episodes: 0.036).
 
 What it cannot model, it refuses: a loss below every curve's reach (the calibration's
 target) raises at construction of the env.
@@ -29,6 +36,8 @@ target) raises at construction of the env.
 from __future__ import annotations
 
 import copy
+import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -107,6 +116,11 @@ class ProgressModel:
             has no own value, in ``[0, MAX_PENALTY)``.
         floor_loss: the lowest loss the model answers for (the calibration's target).
         switch_penalties: ``switch_pair`` key -> penalty, in ``[0, MAX_PENALTY)``.
+        switch_costs: ``switch_family`` of the entry switched to -> ``(c0, c1)``: the
+            progress the switching decision loses and the next one loses if it plays the
+            same entry, each in ``[0, MAX_PENALTY)``. Given (non-empty), this form is the
+            model's and ``switch_penalties`` is not read; a family it lacks costs
+            ``(switch_penalty, 0)``.
 
     Raises:
         ValueError: no curves, an empty curve, or a penalty outside ``[0, MAX_PENALTY)``.
@@ -118,11 +132,12 @@ class ProgressModel:
         switch_penalty: float = 0.0,
         floor_loss: float | None = None,
         switch_penalties: Mapping[str, float] | None = None,
+        switch_costs: Mapping[str, Sequence[float]] | None = None,
     ) -> None:
         if not curves or any(not c or any(len(x) < 2 for x in c) for c in curves.values()):
             raise ValueError("ProgressModel needs at least one curve of >= 2 losses per entry")
         self.entries = list(curves)
-        self._set_penalties(switch_penalty, switch_penalties)
+        self._set_penalties(switch_penalty, switch_penalties, switch_costs)
         firsts = [np.log(c[0]) for cs in curves.values() for c in cs]
         self.initial_loss = float(np.exp(np.mean(firsts)))
         lows = [np.log(min(c)) for cs in curves.values() for c in cs]
@@ -139,16 +154,29 @@ class ProgressModel:
         # the inverse tables (position -> level), one per entry: monotone in position
         self._lv = self.levels
 
-    def _set_penalties(self, pooled: float, pairs: Mapping[str, float] | None) -> None:
+    def _set_penalties(
+        self,
+        pooled: float,
+        pairs: Mapping[str, float] | None,
+        costs: Mapping[str, Sequence[float]] | None = None,
+    ) -> None:
         pens = {"pooled": pooled, **(pairs or {})}
+        for fam, c in (costs or {}).items():
+            if len(c) != 2:
+                raise ValueError(f"switch costs must be (c0, c1) per family, got {fam!r}: {c!r}")
+            pens.update({f"{fam}[0]": c[0], f"{fam}[1]": c[1]})
         bad = {k: v for k, v in pens.items() if not 0.0 <= v < MAX_PENALTY}
         if bad:
             raise ValueError(f"switch penalties must be in [0, {MAX_PENALTY}), got {bad!r}")
         self.switch_penalty = float(pooled)
         self.switch_penalties = {k: float(v) for k, v in (pairs or {}).items()}
+        self.switch_costs = {k: (float(a), float(b)) for k, (a, b) in (costs or {}).items()}
 
     def with_penalties(
-        self, switch_penalty: float, switch_penalties: Mapping[str, float] | None = None
+        self,
+        switch_penalty: float,
+        switch_penalties: Mapping[str, float] | None = None,
+        switch_costs: Mapping[str, Sequence[float]] | None = None,
     ) -> ProgressModel:
         """The same curves with other switch penalties (the position tables are shared).
 
@@ -156,14 +184,22 @@ class ProgressModel:
             ValueError: a penalty outside ``[0, MAX_PENALTY)``.
         """
         out = copy.copy(self)
-        out._set_penalties(switch_penalty, switch_penalties)
+        out._set_penalties(switch_penalty, switch_penalties, switch_costs)
         return out
 
     def penalty(self, prev: str | None, entry: str) -> float:
         """Progress (decisions) lost by playing ``entry`` after ``prev`` (0 when equal or None)."""
         if prev is None or prev == entry:
             return 0.0
+        if self.switch_costs:
+            return self.switch_costs.get(switch_family(entry), (self.switch_penalty, 0.0))[0]
         return self.switch_penalties.get(switch_pair(prev, entry), self.switch_penalty)
+
+    def after_switch(self, entry: str) -> float:
+        """Progress lost by the decision after a switch into ``entry`` that plays it again."""
+        if not self.switch_costs:
+            return 0.0
+        return self.switch_costs.get(switch_family(entry), (0.0, 0.0))[1]
 
     def position(self, entry: str, loss: float) -> float:
         """Decisions of ``entry`` from the reset to ``loss`` (fractional)."""
@@ -175,15 +211,20 @@ class ProgressModel:
         """Held-out loss at ``position`` decisions along ``entry``'s curve."""
         return float(np.exp(np.interp(position, self.pos[entry], self._lv)))
 
-    def step(self, entry: str, loss: float, prev: str | None = None) -> float:
+    def step(self, entry: str, loss: float, prev: str | None = None, fresh: bool = False) -> float:
         """Held-out loss after one decision of ``entry`` from ``loss``.
 
         Args:
             entry: the menu entry played (``str(CommConfig)``).
             loss: held-out loss before the decision.
             prev: the entry played before it (None: the episode's first decision).
+            fresh: the decision before this one switched (into ``prev``): playing
+                ``prev`` again loses :meth:`after_switch`.
         """
-        adv = 1.0 - self.penalty(prev, entry)
+        if fresh and prev == entry:
+            adv = 1.0 - self.after_switch(entry)
+        else:
+            adv = 1.0 - self.penalty(prev, entry)
         return self.loss_at(entry, self.position(entry, loss) + adv)
 
     def tables(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -243,7 +284,11 @@ def fit_switch_penalties(
       difference along the episode, per-pair (``open_pairs``), pooled (``open_pooled``) and
       free (``open_zero``) switches. Its yardstick ``open_static`` is the same error on the
       static calibration episodes, each seed's curve predicted by the other seeds' (what the
-      simulator gets wrong without any switch); NaN with a single seed.
+      simulator gets wrong without any switch); NaN with a single seed. The same for the
+      two-decision form per family entered (``open_entered``; the module docstring),
+      fitted the same way: ``(c0, c1)`` per family entered at least ``min_switches``
+      times, by coordinate search on the grid from ``(pooled, pooled)`` until a pass
+      changes nothing.
     * one decision ahead from the measured loss (``err_switch_pairs``,
       ``err_switch_pooled`` on switching decisions, ``err_stay`` on the others): per
       decision the loss's own noise is of the size of a switch's effect, so this one tells
@@ -257,7 +302,11 @@ def fit_switch_penalties(
         min_switches: switches a pair needs for its own penalty.
 
     Returns:
-        ``penalty`` (pooled), ``penalties`` (pair -> value), ``counts`` (pair -> switches),
+        ``penalty`` (pooled), ``penalties`` (pair -> value), ``costs`` (family entered
+        -> ``[c0, c1]``, families entered at least ``min_switches`` times), ``model``
+        (``"entered"`` where that form's held-out replay error ``open_entered`` is below
+        the pair form's ``open_pairs``, else ``"pairs"``), ``open_model`` (the chosen
+        form's error: the switch gate's figure), ``counts`` (pair -> switches),
         ``switches``, ``episodes`` and the check's medians over episodes (NaN where fewer
         than 2 episodes or seeds allow none).
     """
@@ -290,14 +339,71 @@ def fit_switch_penalties(
                 )
         return pooled, pens, {p: len(v) for p, v in sorted(by.items())}
 
+    def fit_costs(
+        eps: Sequence[tuple[Sequence[str], Sequence[float]]], pooled: float
+    ) -> dict[str, tuple[float, float]]:
+        # per family entered, (c0, c1): coordinate search on the grid, open loop as above
+        entered: dict[str, int] = {}
+        for entries, _ in eps:
+            for a, b in itertools.pairwise(entries):
+                if a != b:
+                    entered[switch_family(b)] = entered.get(switch_family(b), 0) + 1
+        costs = {f: [pooled, pooled] for f, n in sorted(entered.items()) if n >= min_switches}
+
+        def cost_sse(f: str, c0: float, c1: float) -> float:
+            if not (0.0 <= c0 < MAX_PENALTY and 0.0 <= c1 < MAX_PENALTY):
+                return math.inf
+            m = base.with_penalties(pooled, {}, {**costs, f: [c0, c1]})
+            return float(sum(_open_loop_error(m, e, ls, squared=True) for e, ls in eps))
+
+        for _ in range(_MAX_COST_SWEEPS):  # until a pass changes nothing
+            before = {f: list(c) for f, c in costs.items()}
+            for f in sorted(costs):
+                # three moves: c1 alone, c0 alone, and c0 with c0 + c1 held: the data tell
+                # a switch's total cost (a stay after it) apart from its split (a switch
+                # after one decision) far better than either part, so the error's valley
+                # runs along c0 + c1 = const, where moving one part alone stalls
+                c0, c1 = costs[f]
+                c1 = _best_on_grid(lambda v, f=f, c0=c0: cost_sse(f, c0, v), start=c1)
+                c0 = _best_on_grid(lambda v, f=f, c1=c1: cost_sse(f, v, c1), start=c0)
+                total = c0 + c1
+                c0 = _best_on_grid(lambda v, f=f, t=total: cost_sse(f, v, t - v), start=c0)
+                costs[f] = [c0, total - c0]
+            if costs == before:
+                break
+        # then all parts at once (Powell's conjugate directions): the families' costs trade
+        # against each other too (a switch from one family into another reads both)
+        fams = sorted(costs)
+        if fams:
+            from scipy.optimize import minimize
+
+            def joint(x: np.ndarray) -> float:
+                x = np.clip(x, 0.0, MAX_PENALTY - 1e-6)  # Powell may step a hair outside
+                trial = {f: [float(x[2 * i]), float(x[2 * i + 1])] for i, f in enumerate(fams)}
+                m = base.with_penalties(pooled, {}, trial)
+                return float(sum(_open_loop_error(m, e, ls, squared=True) for e, ls in eps))
+
+            x0 = np.array([v for f in fams for v in costs[f]])
+            res = minimize(
+                joint, x0, method="Powell", bounds=[(0.0, MAX_PENALTY - 1e-6)] * len(x0),
+                options={"xtol": 1e-3, "ftol": 1e-10},
+            )  # fmt: skip
+            if res.fun < joint(x0):
+                x = np.clip(res.x, 0.0, MAX_PENALTY - 1e-6)
+                costs = {f: [float(x[2 * i]), float(x[2 * i + 1])] for i, f in enumerate(fams)}
+        return {f: (c[0], c[1]) for f, c in costs.items()}
+
     pooled, pens, counts = fit(episodes)
+    costs = fit_costs(episodes, pooled)
     errs: dict[str, list[float]] = {k: [] for k in ("pairs", "pooled", "stay")}
-    opens: dict[str, list[float]] = {k: [] for k in ("pairs", "pooled", "zero")}
+    opens: dict[str, list[float]] = {k: [] for k in ("pairs", "entered", "pooled", "zero")}
     if len(episodes) >= 2:
         for j, (entries, losses) in enumerate(episodes):
-            p_j, pens_j, _ = fit([ep for i, ep in enumerate(episodes) if i != j])
+            rest = [ep for i, ep in enumerate(episodes) if i != j]
+            p_j, pens_j, _ = fit(rest)
             models = {
                 "pairs": base.with_penalties(p_j, pens_j),
+                "entered": base.with_penalties(p_j, {}, fit_costs(rest, p_j)),
                 "pooled": base.with_penalties(p_j),
                 "zero": base,
             }
@@ -318,13 +424,20 @@ def fit_switch_penalties(
     def med(v: list[float]) -> float:
         return float(np.median(v)) if v else float("nan")
 
+    open_pairs, open_entered = med(opens["pairs"]), med(opens["entered"])
+    # the form that predicts the held-out episodes better is the calibration's
+    entered_wins = bool(costs) and open_entered < open_pairs
     return {
         "penalty": pooled,
         "penalties": pens,
+        "costs": {f: list(c) for f, c in costs.items()},
+        "model": "entered" if entered_wins else "pairs",
+        "open_model": open_entered if entered_wins else open_pairs,
         "counts": counts,
         "switches": int(sum(counts.values())),
         "episodes": len(episodes),
-        "open_pairs": med(opens["pairs"]),
+        "open_pairs": open_pairs,
+        "open_entered": open_entered,
         "open_pooled": med(opens["pooled"]),
         "open_zero": med(opens["zero"]),
         "open_static": _static_open_loop_error(curves, floor_loss),
@@ -337,6 +450,8 @@ def fit_switch_penalties(
 #: Penalties tried by the open-loop fit, and its passes over the pairs.
 _GRID = tuple(float(v) for v in np.linspace(0.0, MAX_PENALTY - 0.1, 30))
 _SWEEPS = 2
+#: At most this many passes of the two-decision fit (it stops at the first that changes nothing).
+_MAX_COST_SWEEPS = 8
 
 
 def _best_on_grid(cost: Any, start: float | None = None) -> float:
@@ -353,10 +468,10 @@ def _open_loop_error(
 
     ``squared``: the sum of squared errors instead (the fit's objective).
     """
-    loss, prev, err = float(losses[0]), None, []
+    loss, prev, fresh, err = float(losses[0]), None, False, []
     for i, e in enumerate(entries):
-        loss = model.step(e, loss, prev)
-        prev = e
+        loss = model.step(e, loss, prev, fresh)
+        fresh, prev = prev is not None and e != prev, e
         if losses[i + 1] < model.floor_loss:  # below the model's floor it answers nothing
             break
         err.append(abs(np.log(loss) - np.log(max(losses[i + 1], 1e-8))))

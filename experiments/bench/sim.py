@@ -449,10 +449,14 @@ def run_sim_gates(
     from commgym.experiments.calibrate_sim import SWITCH_GATE_RATIO, switch_gate
 
     fit = cal.switch_fit
-    keep = ("counts", "episodes", "open_pairs", "open_pooled", "open_zero", "open_static")
+    keep = (
+        "counts", "episodes", "model", "open_model", "open_entered", "open_pairs", "open_pooled",
+        "open_zero", "open_static",
+    )  # fmt: skip
     result["switches"] = {
         "penalty": cal.switch_penalty,
         "penalties": dict(cal.switch_penalties),
+        "costs": {k: list(v) for k, v in cal.switch_costs.items()},
         **{k: fit.get(k) for k in keep},
         "ratio": SWITCH_GATE_RATIO,
         "pass": switch_gate(fit),
@@ -550,8 +554,13 @@ def gate_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, bool | None]]
                 "a calibration written before the per-pair fit (re-run calibrate-sim)"
             )
             if sw["pass"] is None
-            else f"{switch_gate_figure(sw)}; penalties "
-            + ", ".join(f"{p} {v:.2f}" for p, v in sw["penalties"].items())
+            else f"{switch_gate_figure(sw)}; "
+            + (
+                "costs per family entered "
+                + ", ".join(f"{p} {a:.2f} + {b:.2f}" for p, (a, b) in sw["costs"].items())
+                if sw.get("costs")
+                else "penalties " + ", ".join(f"{p} {v:.2f}" for p, v in sw["penalties"].items())
+            )
         )
         rows.append((
             "switches",

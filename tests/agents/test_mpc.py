@@ -179,6 +179,43 @@ def test_plan_is_one_decision_then_the_best_single_entry(setup):
             assert plan[k] == pytest.approx(first + rest[best], abs=dt[best] + 1e-9)
 
 
+def test_plan_charges_a_two_decision_switch_whole_when_made(tmp_path):
+    """With the two-decision form in force, a switch's whole cost (both decisions) is
+    charged to the decision that makes it, and staying on the entry costs nothing more:
+    planning one decision ahead cannot dodge the second decision by switching again."""
+    cal = _calibration()
+    cal.wire.links[10**10] = {k: LinkFit(3e-4, 1.0) for k in ("allreduce", "allgather")}
+    cal.switch_costs = {"dense": [0.0, 0.0], "sparse": [0.3, 0.9]}
+    path = cal.save(tmp_path / "calibration.json")
+    env = SimEnv(path, _env_cfg(network=FLAKY, probe_bytes=65536))
+    agent = make_agent("mpc", env, calibration=str(path), link_from="probe")
+    model = agent.model
+    dense, sparse = model.entries.index("none/25MB/H1"), model.entries.index("topk:0.01/25MB/H1")
+    assert model.switch_cost(dense, sparse) == pytest.approx(1.2)
+    assert model.switch_cost(sparse, dense) == 0.0 and model.switch_cost(sparse, sparse) == 0.0
+    loss, rate = 1.2, 1e7
+    tm = model.timings(rate)
+    dt = [t.train_s + model.probe_s(agent.probe_bytes, rate) for t in tm]
+    plan = agent.plan(loss, 3.0, dense, rate)
+    # into top-k: one decision that advances 1 - 1.2, then the best single entry, each
+    # charged its own switch whole on its first decision (top-k itself: nothing more)
+    after = model.advance(sparse, loss, 1.0 - 1.2)
+    rest = []
+    for j in range(len(tm)):
+        t = dt[j] + (model.switch_s(sparse, j, rate) if j != sparse else 0.0)
+        cur = model.advance(j, after, 1.0 - model.switch_cost(sparse, j))
+        while cur > agent.target:
+            t, cur = t + dt[j], model.advance(j, cur, 1.0)
+        rest.append(t)
+    best = int(np.argmin(rest))
+    expected = dt[sparse] + rest[best]
+    assert plan[sparse] == pytest.approx(expected, abs=dt[best] + 1e-9)
+    # charged as one decision lost, not as a second decision's cost a switch away dodges
+    free = make_agent("mpc", env, calibration=str(path), link_from="probe")
+    free.model.after_switch = [0.0] * len(tm)
+    assert free.plan(loss, 3.0, dense, rate)[sparse] < plan[sparse]
+
+
 def test_saves_what_it_learned(setup, tmp_path):
     env, path = setup
     agent = make_agent("mpc", env, calibration=str(path)).learn(120)

@@ -22,6 +22,7 @@ from commgym.env.sim import (
     SimModel,
     WireModel,
     adaptive_times,
+    best_schedule,
     best_schedule_time,
     fit_switch_penalties,
     fit_wire,
@@ -218,12 +219,85 @@ def test_switch_penalties_per_family_pair_are_recovered_from_switching_episodes(
     # drift from them
     assert fit["episodes"] == 6
     assert fit["open_pairs"] < 0.01 < fit["open_pooled"] < fit["open_zero"]
+    assert fit["model"] == "pairs" and fit["open_model"] == fit["open_pairs"]
     assert np.isnan(fit["open_static"])  # one seed per entry: no held-out static curve
     two_seeds = {e: [c[0], _curve(0.055)] for e, c in curves.items()}
     assert fit_switch_penalties(two_seeds, episodes, floor_loss=0.1)["open_static"] > 0
     # a pair seen fewer than min_switches times falls back to the pooled value
     rare = fit_switch_penalties(curves, episodes, floor_loss=0.1, min_switches=10_000)
     assert rare["penalties"] == {} and 0.0 <= rare["penalty"] < 3.0
+
+
+def test_two_decision_switch_costs_per_family_entered_are_recovered():
+    """Noise-free episodes from a known two-decision model (the entered family's state
+    restarts: the switching decision and the next one lose progress): the fit recovers
+    the costs on its grid, picks that form, and the pair form cannot follow them."""
+    names = {"d": "none/25MB/H1", "s": "topk:0.01/25MB/H1", "l": "powersgd:2/25MB/H2"}
+    curves = {names["d"]: [_curve(0.05)], names["s"]: [_curve(0.07)], names["l"]: [_curve(0.06)]}
+    truth_costs = {"dense": (0.0, 0.0), "sparse": (0.4, 0.8), "lowrank": (0.5, 0.3)}
+    truth = ProgressModel(curves, 0.3, floor_loss=0.1, switch_costs=truth_costs)
+    loss0 = curves[names["d"]][0][0]
+    # a switch into top-k loses 0.4 of that decision, 0.8 of the next one on top-k, then none
+    one = truth.step(names["s"], loss0, names["d"])
+    assert one == pytest.approx(truth.loss_at(names["s"], truth.position(names["s"], loss0) + 0.6))
+    two = truth.step(names["s"], one, names["s"], fresh=True)
+    assert two == pytest.approx(truth.loss_at(names["s"], truth.position(names["s"], one) + 0.2))
+    assert truth.step(names["s"], two, names["s"]) == pytest.approx(
+        truth.loss_at(names["s"], truth.position(names["s"], two) + 1.0)
+    )
+    assert truth.penalty(names["s"], names["d"]) == 0.0 and truth.after_switch(names["l"]) == 0.3
+    rng = np.random.default_rng(1)
+    episodes = []
+    for _ in range(6):
+        entries, losses, prev, fresh = [], [loss0], None, False
+        while len(entries) < 30:
+            e = names["dsl"[int(rng.integers(3))]]
+            for _ in range(int(rng.integers(1, 4))):  # held 1-3 decisions, as calibrate-sim
+                losses.append(truth.step(e, losses[-1], prev, fresh))
+                entries.append(e)
+                fresh, prev = prev is not None and e != prev, e
+        episodes.append((entries, losses))
+    fit = fit_switch_penalties(curves, episodes, floor_loss=0.1)
+    print(fit)
+    assert fit["model"] == "entered"
+    for fam, (c0, c1) in truth_costs.items():
+        assert fit["costs"][fam] == pytest.approx([c0, c1], abs=0.02), fam
+    assert fit["open_entered"] < 0.01 < fit["open_pairs"]
+    assert fit["open_model"] == fit["open_entered"]
+
+
+def test_switch_costs_play_alike_in_the_env_the_replay_and_the_dynamic_programme():
+    """With two-decision switch costs in force, the best schedule's time, its replay by
+    simulate() and the env stepping the same entries agree (the second decision after a
+    switch is charged in all three)."""
+    import dataclasses
+
+    cal = dataclasses.replace(
+        _calibration(), switch_costs={"dense": [0.0, 0.0], "sparse": [0.4, 0.8]}
+    )
+    cfg = _env_cfg(
+        network={"schedule": [[0, "10mbit"], [2, "10gbit"], [3.2, "10mbit"]], "shift_s": 0.2},
+        time_budget_s=60.0,
+    )
+    with pytest.warns(UserWarning):
+        env = SimEnv(cal, cfg)
+    model = env.model
+    k_s = model.entries.index("topk:0.01/25MB/H1")
+    assert model.after_switch[k_s] == 0.8 and model.penalty[0][k_s] == 0.4
+    seed = 1003
+    best, sched = best_schedule(model, cfg, seed)
+    assert best is not None and len({k for _, k in sched}) > 1  # it switches
+    assert simulate(model, cfg, seed, sched)[0] == pytest.approx(best)
+    env.reset(seed=seed, options={"probe": False})
+    starts = [t for t, _ in sched]
+    t = 0.0
+    while True:
+        k = sched[int(np.searchsorted(starts, t, side="right")) - 1][1]
+        _, _, term, trunc, info = env.step(np.array(np.unravel_index(k, tuple(env.menu.nvec))))
+        t = info["train_time_s"]
+        if term or trunc:
+            break
+    assert info["train_time_s"] == pytest.approx(best)
 
 
 def test_switch_family_names_what_it_does_not_know():

@@ -55,3 +55,35 @@ def test_the_simulator_replays_its_calibration_curves(calibrated):
         t, _, _ = simulate(model, cfg, 0, [(0.0, k)])
         # (one decision either way: the curve is read through a grid of loss levels)
         assert abs(t / cal.entries[entry].train_s - real_decisions) <= 1 + 1e-6
+
+
+def test_refit_switches_refits_from_the_kept_episodes_without_ranks(calibrated, tmp_path):
+    """`calibrate-sim --refit-switches`: the switch model fitted again from the episodes the
+    file kept, written elsewhere; the file read is left as it was; no --out is refused."""
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    from commgym.experiments.calibrate_sim import refit_switches
+    from commgym.experiments.cli import app
+    from tests.experiments.readme_commands import fill, template
+
+    _, path, cal = calibrated
+    before = path.read_bytes()
+    out = tmp_path / "refit.json"
+    # the docs' command (docs/simulator.md), its placeholders filled
+    _, words = fill(template("--refit-switches"), {"OLD.json": str(path), "NEW.json": str(out)})
+    assert words[:2] == ["commgym", "calibrate-sim"]
+    res = CliRunner().invoke(app, words[1:])
+    assert res.exit_code == 0, res.output
+    assert "refitted" in res.output and "switch penalties" in res.output
+    new = Calibration.load(out)
+    # one episode: no held-out check, so the pair form stays in force
+    assert new.switch_fit["model"] == "pairs" and new.switch_costs == {}
+    assert new.switch_episodes == cal.switch_episodes and new.entries == cal.entries
+    assert new.meta["switch_refit"]["date"]
+    assert path.read_bytes() == before
+    res = CliRunner().invoke(app, ["calibrate-sim", "--refit-switches", str(path)])
+    assert res.exit_code == 2 and "needs --out" in res.output
+    with pytest.raises(ValueError, match="no random-switch episodes"):
+        refit_switches(dataclasses.replace(cal, switch_episodes=[]))

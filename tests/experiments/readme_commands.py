@@ -277,6 +277,10 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         "session fixture tiny_calibration (tests/conftest.py), the command's record option is "
         "checked by tests/experiments/test_records.py"
     ),
+    "commgym calibrate-sim --refit-switches OLD.json --out NEW.json": RunBy(
+        "tests/env/test_sim_calibration.py::"
+        "test_refit_switches_refits_from_the_kept_episodes_without_ranks"
+    ),
     "commgym bench sim --scenario link-lottery": NotInCI(
         "its real reference runs take about 32 minutes of 4 ranks; the command on cached real "
         "runs: tests/env/test_sim_gates.py::"
