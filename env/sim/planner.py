@@ -210,12 +210,14 @@ def static_ranking(
 _State = tuple[float, float, int, tuple, bool]
 
 
-def _front(states: list[_State]) -> list[_State]:
+def _front(states: list[_State], after_switch: Sequence[float]) -> list[_State]:
     out: list[_State] = []
     by_prev: dict[tuple[int, bool], list[_State]] = {}
     for s in states:
-        # the same last entry just switched into costs its next decision: apart
-        by_prev.setdefault((s[2], s[4]), []).append(s)
+        # a last entry just switched into whose next decision costs something is another
+        # state; where it costs nothing (the pair form: every entry) the groups are the
+        # old ones, so such calibrations plan exactly as before
+        by_prev.setdefault((s[2], s[4] and after_switch[s[2]] > 0.0), []).append(s)
     for group in by_prev.values():
         group.sort(key=lambda s: (s[0], s[1]))
         best = math.inf
@@ -241,8 +243,9 @@ def best_schedule(
     """The best one-entry-per-phase schedule on one episode (the dynamic programme).
 
     Exact for the simulator's deterministic dynamics (module docstring): the states at each
-    phase boundary are kept on a Pareto front of (training time, loss) per last entry, each
-    with the schedule that reached it.
+    phase boundary are kept on a Pareto front of (training time, loss) per last entry (and,
+    where the entry's switch costs its next decision, whether the last decision switched
+    into it), each with the schedule that reached it.
 
     Args:
         model: the dynamics.
@@ -297,7 +300,7 @@ def best_schedule(
     best, plan = math.inf, ()
     for i in range(n):
         end = run.starts[i + 1] if i + 1 < n else math.inf
-        for t_in, l_in, p0, sched, f_in in _front(states.pop(i, [])):
+        for t_in, l_in, p0, sched, f_in in _front(states.pop(i, []), model.after_switch):
             if t_in >= best:
                 continue
             t0, l0, f0 = t_in, l_in, f_in

@@ -286,9 +286,12 @@ def fit_switch_penalties(
       static calibration episodes, each seed's curve predicted by the other seeds' (what the
       simulator gets wrong without any switch); NaN with a single seed. The same for the
       two-decision form per family entered (``open_entered``; the module docstring),
-      fitted the same way: ``(c0, c1)`` per family entered at least ``min_switches``
-      times, by coordinate search on the grid from ``(pooled, pooled)`` until a pass
-      changes nothing.
+      fitted open loop too: ``(c0, c1)`` per family entered at least ``min_switches``
+      times, from ``(pooled, pooled)``, by passes of three moves per family on the grid
+      (``c1`` alone, ``c0`` alone, ``c0`` with ``c0 + c1`` held) until a pass changes
+      nothing, then all of them at once by Powell's method. The form with the smaller
+      held-out error is chosen on these same episodes, so the chosen form's figure is
+      the better of two (slightly optimistic).
     * one decision ahead from the measured loss (``err_switch_pairs``,
       ``err_switch_pooled`` on switching decisions, ``err_stay`` on the others): per
       decision the loss's own noise is of the size of a switch's effect, so this one tells

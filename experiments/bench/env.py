@@ -271,7 +271,10 @@ def _print_report(console: Console, res: dict[str, Any]) -> None:
 
     b = res["breakdown"]
     parts = res["median_parts_s"]
-    t2 = Table(title="where the overhead goes (median per decision)")
+    t2 = Table(
+        title="where the overhead goes (median of each part; each decision's parts sum to its "
+        "overhead, their medians need not)"
+    )
     t2.add_column("part", no_wrap=True)
     t2.add_column("ms", justify="right", no_wrap=True)
     t2.add_column("how it is measured")

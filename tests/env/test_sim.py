@@ -258,7 +258,6 @@ def test_two_decision_switch_costs_per_family_entered_are_recovered():
                 fresh, prev = prev is not None and e != prev, e
         episodes.append((entries, losses))
     fit = fit_switch_penalties(curves, episodes, floor_loss=0.1)
-    print(fit)
     assert fit["model"] == "entered"
     for fam, (c0, c1) in truth_costs.items():
         assert fit["costs"][fam] == pytest.approx([c0, c1], abs=0.02), fam
