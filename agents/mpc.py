@@ -140,6 +140,10 @@ class ModelPredictiveAgent(StepAgent):
     """
 
     name = "mpc"
+    #: it learns before evaluation (how long each link lasts, from ``learn``'s episodes in
+    #: the simulator or on real ranks), so a leaderboard trains it by the scenario's recipe
+    #: (``env_kind: sim`` and ``calibration``) like the other learners
+    learned = True
 
     def __init__(
         self,
