@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Demonstrations", "SimScheduleExpert", "oracle_demonstrations"]
+__all__ = ["AgentExpert", "Demonstrations", "SimScheduleExpert", "oracle_demonstrations"]
 
 
 class SimScheduleExpert:
@@ -168,6 +168,52 @@ class SimScheduleExpert:
             )
         self._opening_k[net] = k
         return k
+
+
+class AgentExpert:
+    """An agent's own decisions in the simulator as the demonstrations to clone.
+
+    The expert for a policy that should do what a planner does from what it observes:
+    ``mpc`` (:class:`~commgym.agents.mpc.ModelPredictiveAgent`) anticipates a link change
+    from the dwells it learned, which the schedule oracle (:class:`SimScheduleExpert`)
+    cannot teach a reactive policy (its anticipating schedule knows the future). The agent
+    acts on the simulator's own observation (:attr:`~commgym.env.sim.SimEnv.last_observation`,
+    the raw layout, whatever the learner's wrappers add), deterministically, its state
+    kept per env and reset at each episode's first decision.
+
+    Args:
+        agent: a commgym agent whose ``predict`` reads the env's observation layout.
+    """
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self._states: dict[int, Any] = {}
+        self.episodes = 0
+        self.missed = 0  # an agent always advises
+
+    def __call__(self, env: Any) -> np.ndarray:
+        """The agent's ``MultiDiscrete`` action ``(3,)`` int64 for ``env``'s next decision.
+
+        Raises:
+            TypeError: ``env`` is not the simulator.
+        """
+        from commgym.env.sim import SimEnv
+
+        if not isinstance(env, SimEnv):
+            raise TypeError(
+                f"an agent expert acts on the simulator's observation; got {type(env).__name__} "
+                "(behaviour cloning runs in commgym/Sim-v1: env_kind: sim)"
+            )
+        start = env.decisions == 0
+        self.episodes += start
+        action, state = self.agent.predict(
+            env.last_observation,
+            self._states.get(id(env)),
+            episode_start=np.array([start]),
+            deterministic=True,
+        )
+        self._states[id(env)] = state
+        return np.asarray(action, dtype=np.int64).reshape(3)
 
 
 @dataclass

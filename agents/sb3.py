@@ -179,6 +179,13 @@ class SB3Agent(Agent):
             the gradient-norm fields, constant per entry in the simulator, moved by up
             to 320 of its standard deviations between real decisions and turned a clone
             that had identified the link back to the fast link's entries.
+        link_clock: append :class:`~commgym.agents.features.LinkClock`'s features to every
+            observation (how long the probe's link has held, how long it held the last time,
+            how many changes so far: :data:`~commgym.agents.features.LINK_CLOCK_FIELDS`),
+            the action-independent memory that anticipating a link change needs and a frame
+            stack cannot give. ``True`` (a change is a move of 0.5 decades in the probe's
+            reading) or ``{"change_decades": x}``. Needs the probe (``probe=True``) and the
+            ``log10_probe_gbps`` and ``elapsed_frac`` fields.
         **hyperparams: keyword arguments of the SB3 algorithm (``policy`` defaults to
             ``"MlpPolicy"``, ``device`` to ``"cpu"``); they override :attr:`defaults`.
 
@@ -186,7 +193,9 @@ class SB3Agent(Agent):
         TypeError: unknown SB3 keyword arguments (from SB3).
         ValueError: ``history`` is not an integer >= 1; ``normalize`` is not a bool or a dict
             of ``VecNormalize`` keyword arguments; ``obs_fields`` names a field that does
-            not exist (the message lists them), or is given with a ``vec_env``.
+            not exist (the message lists them), or is given with a ``vec_env``;
+            ``link_clock`` is not a bool or ``{"change_decades": x}``, or is given without
+            the probe, without the fields it reads or with a ``vec_env``.
     """
 
     learned = True
@@ -213,6 +222,8 @@ class SB3Agent(Agent):
         self.normalize = _check_normalize(kwargs.pop("normalize", False))
         self.reads_probe = _check_probe(kwargs.pop("probe", True))
         self._mask = _field_mask(kwargs.pop("obs_fields", None))
+        self.link_clock = _check_link_clock(kwargs.pop("link_clock", False))
+        _check_clock_inputs(self.link_clock, self.reads_probe, self._mask)
         self._gamma = float(kwargs.get("gamma", 0.99))
         self._norm: Any = None
         if vec_env is not None and not self.reads_probe:
@@ -226,6 +237,11 @@ class SB3Agent(Agent):
                 "obs_fields masks the observations of envs this process wraps; it cannot be "
                 "used with a vec_env of env actors (learn in the simulator, or drop obs_fields)"
             )
+        if vec_env is not None and self.link_clock is not None:
+            raise ValueError(
+                "link_clock wraps the envs this process steps; it cannot be used with a "
+                "vec_env of env actors (learn in the simulator, or drop link_clock)"
+            )
         algo_env = self._learning_env(env) if vec_env is None else self._stacked(vec_env)
         self.model = self.algo(policy, algo_env, seed=seed, **kwargs)
         _quiet_logger(self.model)
@@ -237,9 +253,18 @@ class SB3Agent(Agent):
         return {k: _plain(v) for k, v in self._hyperparams.items()}
 
     def _algo_env(self, env: gym.Env) -> gym.Env:
-        """The env as the SB3 algorithm sees it: probe-free unless it reads it, unread fields 0."""
+        """The env as the SB3 algorithm sees it.
+
+        Probe-free unless it reads the probe, unread fields 0, the link clock's features
+        appended when it has one.
+        """
         env = env if self.reads_probe else _ProbeOff(env)
-        return env if self._mask is None else _FieldMask(env, self._mask)
+        env = env if self._mask is None else _FieldMask(env, self._mask)
+        if self.link_clock is None:
+            return env
+        from commgym.agents.features import LinkClockWrapper
+
+        return LinkClockWrapper(env, self.link_clock)
 
     def _stacked(self, venv: Any, frozen: bool = False) -> Any:
         """``venv`` with the last :attr:`history` observations stacked, then normalised.
@@ -294,6 +319,10 @@ class SB3Agent(Agent):
         obs, batch = as_observations(observation, int(np.prod(self.observation_space.shape)))
         if self._mask is not None:
             obs = obs * self._mask
+        clocks = None
+        if self.link_clock is not None:  # the clocks ride in the state, outermost
+            clocks, state = state if state is not None else (None, None)
+            clocks, obs = self._clocked(clocks, obs, episode_start)
         stack = None
         if self.history > 1:  # the observation stack rides in the state, as VecFrameStack's
             stack, state = state if state is not None else (None, None)
@@ -304,7 +333,36 @@ class SB3Agent(Agent):
             action, state = self.model.predict(obs, state, episode_start, True)
         else:
             action, state = self._explore(obs, state, episode_start)
-        return self._to_multi(action), state if stack is None else (stack, state)
+        state = state if stack is None else (stack, state)
+        return self._to_multi(action), state if clocks is None else (clocks, state)
+
+    def _clocked(
+        self, clocks: list[Any] | None, obs: np.ndarray, episode_start: Any
+    ) -> tuple[list[Any], np.ndarray]:
+        """Each row's link clock advanced by ``obs``, and ``obs`` with its features.
+
+        ``obs`` is ``(d,)`` or ``(n, d)``; a row whose episode starts gets a new
+        :class:`~commgym.agents.features.LinkClock`; the observations come back with the
+        same shape but ``d + 3`` wide.
+        """
+        from commgym.agents.features import LinkClock
+
+        rows = obs.reshape(-1, obs.shape[-1])
+        n = len(rows)
+        starts = (
+            np.zeros(n, dtype=bool)
+            if episode_start is None
+            else np.asarray(episode_start, dtype=bool).reshape(-1)
+        )
+        if clocks is None or len(clocks) != n:
+            clocks = [None] * n
+        clocks = [
+            LinkClock(self.link_clock) if c is None or (i < len(starts) and starts[i]) else c
+            for i, c in enumerate(clocks)
+        ]
+        extra = np.stack([c.update(r) for c, r in zip(clocks, rows, strict=True)])
+        out = np.concatenate([rows.astype(np.float32), extra], axis=1)
+        return clocks, out.reshape(*obs.shape[:-1], out.shape[-1])
 
     def _explore(self, obs: np.ndarray, state: Any, episode_start: Any) -> tuple[Any, Any]:
         """An exploring ``model.predict`` on a seed drawn from the agent's generator.
@@ -640,6 +698,7 @@ class SB3Agent(Agent):
         agent.normalize = _check_normalize(hp.get("normalize", False))
         agent.reads_probe = _check_probe(hp.get("probe", True))
         agent._mask = _field_mask(hp.get("obs_fields"))
+        agent.link_clock = _check_link_clock(hp.get("link_clock", False))
         agent._gamma = float(hp.get("gamma", 0.99))
         agent._norm = None
         saved_norm = meta.get("state", {}).get("normalization")
@@ -648,7 +707,12 @@ class SB3Agent(Agent):
                 raise ValueError(f"{path} was learned with normalize but holds no statistics")
             from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-            shape = (agent.history * int(np.prod(agent_env.observation_space.shape)),)
+            d = int(np.prod(agent_env.observation_space.shape))
+            if agent.link_clock is not None:
+                from commgym.agents.features import LINK_CLOCK_FIELDS
+
+                d += len(LINK_CLOCK_FIELDS)
+            shape = (agent.history * d,)
             space = gym.spaces.Box(-np.inf, np.inf, shape, np.float32)
             # the statistics' holder when no env is given (predict-only, e.g. replay)
             agent._norm = VecNormalize(
@@ -687,6 +751,42 @@ def _check_normalize(normalize: Any) -> dict[str, Any] | None:
     raise ValueError(
         f"normalize must be true, false or a dict of VecNormalize arguments, got {normalize!r}"
     )
+
+
+def _check_link_clock(link_clock: Any) -> float | None:
+    """``link_clock`` as the clock's ``change_decades`` (``None``: no clock)."""
+    if link_clock is False or link_clock is None:
+        return None
+    if link_clock is True:
+        return 0.5
+    if isinstance(link_clock, dict) and set(link_clock) <= {"change_decades"}:
+        from commgym.agents.features import LinkClock
+
+        return LinkClock(**link_clock).change_decades  # its own check of the value
+    raise ValueError(
+        f"link_clock must be true, false or {{'change_decades': x}}, got {link_clock!r}"
+    )
+
+
+def _check_clock_inputs(clock: float | None, reads_probe: bool, mask: np.ndarray | None) -> None:
+    """Refuse a link clock that would read nothing: no probe, or its fields masked out."""
+    if clock is None:
+        return
+    if not reads_probe:
+        raise ValueError(
+            "link_clock reads the probe's bandwidth (log10_probe_gbps), which probe=False "
+            "turns off: keep probe: true, or drop link_clock"
+        )
+    if mask is not None:
+        from commgym.env.spaces import OBSERVATION_FIELDS
+
+        names = [f.name for f in OBSERVATION_FIELDS]
+        missing = [f for f in ("log10_probe_gbps", "elapsed_frac") if not mask[names.index(f)]]
+        if missing:
+            raise ValueError(
+                f"link_clock reads {missing}, which obs_fields leaves out: add them to "
+                "obs_fields, or drop link_clock"
+            )
 
 
 def _check_probe(probe: Any) -> bool:

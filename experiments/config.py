@@ -91,7 +91,10 @@ class RunConfig:
             then ``timesteps`` decisions of RL fine-tuning (0 allowed here: the clone as
             it is); ``None``: RL from scratch. ``opening``: the expert's first decision
             where each episode draws its link (the expert's ``opening``: an entry,
-            ``best`` (default) or ``null``).
+            ``best`` (default) or ``null``). ``expert: mpc`` clones the model-predictive
+            agent instead (it anticipates from the dwells it learns in ``expert_timesteps``
+            simulated decisions, default 300; ``expert_kwargs`` are its own, e.g.
+            ``{link_from: probe}``), the expert for a policy with a ``link_clock``.
         tuning_decisions: real decisions each tuning baseline (``bayesopt``, ``grid``,
             ``bandit``, ``accordion``, ``adacomm``, learning agents) spends tuning before
             it is evaluated; ``None``: as many as the learned agent saw on real ranks
@@ -134,7 +137,7 @@ class RunConfig:
     surrogate_decisions: int = 400
     calibration: str | None = None
     sim_randomize: dict[str, float] | None = None
-    sim_warm_start: dict[str, float] | None = None
+    sim_warm_start: dict[str, Any] | None = None
     tuning_decisions: int | None = None
     fine_tune_episodes: int = 0
     baseline_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -231,9 +234,14 @@ class RunConfig:
         for name, kwargs in planners:
             if name == "mpc" and not kwargs.get("calibration"):
                 where = "agent_kwargs" if name == self.agent else "baseline_kwargs"
-                if self.calibration:  # the run's one calibration (--calibration)
+                # the run's one calibration: --calibration, or on the simulator the default
+                # file, which train calibrates before any agent is built
+                if self.calibration or self.env_kind == "sim":
+                    from commgym.experiments.calibrate_sim import calibration_path
+
+                    path = str(calibration_path(self.calibration, self.env_config))
                     held = getattr(self, where)
-                    held["mpc"] = {**held.get("mpc", {}), "calibration": self.calibration}
+                    held["mpc"] = {**held.get("mpc", {}), "calibration": path}
                     continue
                 raise ValueError(
                     "agent 'mpc' plans over a calibrated simulator model: give its record "
@@ -286,15 +294,30 @@ class RunConfig:
         w = self.sim_warm_start
         if w is None:
             return
-        known = {"episodes": 1, "epochs": 1, "batch_size": 1}
-        if (
-            not isinstance(w, dict)
-            or "episodes" not in w
-            or not set(w) <= {*known, "learning_rate", "opening"}
-        ):
+        known = {"episodes": 1, "epochs": 1, "batch_size": 1, "expert_timesteps": 1}
+        others = {"learning_rate", "opening", "expert", "expert_kwargs"}
+        if not isinstance(w, dict) or "episodes" not in w or not set(w) <= {*known, *others}:
             raise ValueError(
-                "sim_warm_start must be a mapping with 'episodes' and optionally 'epochs', "
-                f"'batch_size', 'learning_rate', 'opening', got {w!r}"
+                "sim_warm_start must be a mapping with 'episodes' and optionally "
+                f"{', '.join(repr(k) for k in sorted({*known, *others} - {'episodes'}))}, "
+                f"got {w!r}"
+            )
+        expert = w.get("expert", "oracle")
+        if expert not in ("oracle", "mpc"):
+            raise ValueError(f"sim_warm_start.expert must be 'oracle' or 'mpc', got {expert!r}")
+        if expert != "mpc" and ("expert_kwargs" in w or "expert_timesteps" in w):
+            raise ValueError(
+                "sim_warm_start.expert_kwargs and expert_timesteps are the mpc expert's; "
+                "set expert: mpc, or drop them"
+            )
+        if expert == "mpc" and "opening" in w:
+            raise ValueError(
+                "sim_warm_start.opening is the oracle expert's first entry; mpc chooses its "
+                "own (drop opening, or set expert: oracle)"
+            )
+        if not isinstance(w.get("expert_kwargs", {}), dict):
+            raise ValueError(
+                f"sim_warm_start.expert_kwargs must be a mapping, got {w['expert_kwargs']!r}"
             )
         opening = w.get("opening", "best")
         if opening not in (None, "best"):
@@ -666,4 +689,7 @@ def load_run_config(
     if "sim_warm_start" not in given and not can_warm_start(str(data.get("agent", "ppo"))):
         # the scenario clones into its actor-critic agent; another agent has no clone
         data.pop("sim_warm_start", None)
+        if data.get("timesteps") == 0 and "timesteps" not in given:
+            # 0 is "the clone as it is"; without a clone the agent learns the default count
+            data.pop("timesteps")
     return RunConfig(**data)

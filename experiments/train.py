@@ -196,7 +196,7 @@ def learn_agent(
         if searches:
             search_oracle(cfg.agent, agent, cost, real=surrogate is None)
         if cfg.sim_warm_start and not searches:
-            warm_start(cfg, agent, parent, prefix)
+            warm_start(cfg, agent, parent, prefix, sim=surrogate)
         if not searches and cfg.timesteps:  # 0: a warm start's clone as it is
             with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
                 if vec_env is None:
@@ -256,30 +256,56 @@ def learn_agent(
     return agent, cost, surrogate
 
 
-def warm_start(cfg: RunConfig, agent: Any, parent: Any, prefix: str = "") -> dict[str, float]:
-    """Clone the simulator's reactive oracle into ``agent`` before RL (``cfg.sim_warm_start``).
+def warm_start(
+    cfg: RunConfig, agent: Any, parent: Any, prefix: str = "", sim: gym.Env | None = None
+) -> dict[str, float]:
+    """Clone an expert into ``agent`` in the simulator before RL (``cfg.sim_warm_start``).
 
-    Records ``episodes`` episodes of :class:`~commgym.agents.imitation.SimScheduleExpert`
-    on the agent's own learning env, fits the policy to them
-    (:meth:`~commgym.agents.sb3.SB3Agent.warm_start`), prints and logs the fit
-    (``train/bc_*`` metrics).
+    Records ``episodes`` episodes of the expert on the agent's own learning env, fits the
+    policy to them (:meth:`~commgym.agents.sb3.SB3Agent.warm_start`), prints and logs the
+    fit (``train/bc_*`` metrics). The expert is the simulator's reactive oracle
+    (:class:`~commgym.agents.imitation.SimScheduleExpert`, ``expert: oracle``) or the
+    model-predictive agent (``expert: mpc``: built on ``sim`` from the run's calibration
+    and ``expert_kwargs``, it learns the links' dwells there for ``expert_timesteps``
+    decisions, then acts through :class:`~commgym.agents.imitation.AgentExpert`).
 
     Returns:
         The fit's figures (decisions, nll, accuracy, value_mse, episodes, skipped).
+
+    Raises:
+        ValueError: ``expert: mpc`` without the simulator env ``sim``.
     """
-    from commgym.agents.imitation import SimScheduleExpert
+    from commgym.agents.imitation import AgentExpert, SimScheduleExpert
 
     w = dict(cfg.sim_warm_start or {})
     n = int(w.pop("episodes"))
-    expert = SimScheduleExpert(opening=w.pop("opening", "best"))
+    kind = w.pop("expert", "oracle")
+    expert_kwargs = dict(w.pop("expert_kwargs", None) or {})
+    expert_timesteps = int(w.pop("expert_timesteps", 300))
     t0 = time.perf_counter()
-    with phase("cloning the simulator's reactive oracle", n, unit="episodes") as adv:
+    if kind == "mpc":
+        from commgym.experiments.calibrate_sim import calibration_path
+
+        if sim is None:
+            raise ValueError("expert: mpc plans in the simulator; no simulator env was given")
+        calibration = str(calibration_path(cfg.calibration, cfg.env_config))
+        mpc = build_agent("mpc", sim, cfg, {"calibration": calibration, **expert_kwargs})
+        with phase(
+            "mpc learning the links (the expert)", expert_timesteps, unit="decisions"
+        ) as adv:
+            mpc.learn(expert_timesteps, callback=lambda _: adv(1))
+        expert: Any = AgentExpert(mpc)
+        label = "the model-predictive agent"
+    else:
+        expert = SimScheduleExpert(opening=w.pop("opening", "best"))
+        label = "the simulator's reactive oracle"
+    with phase(f"cloning {label}", n, unit="episodes") as adv:
         fit = agent.warm_start(expert, n, callback=lambda: adv(1), **w)
     fit["clone_s"] = time.perf_counter() - t0
     parent.log_metrics({f"{prefix}train/bc_{k}": float(v) for k, v in fit.items()}, step=0)
     console.print(
-        f"cloned {int(fit['decisions'])} decisions of {n} oracle episodes in "
-        f"{fit['clone_s']:.1f} s: the clone plays the oracle's action on "
+        f"cloned {int(fit['decisions'])} decisions of {n} expert episodes ({label}) in "
+        f"{fit['clone_s']:.1f} s: the clone plays the expert's action on "
         f"{fit['accuracy']:.1%} of them"
         + (f" ({expert.missed} episodes no schedule finishes)" if expert.missed else "")
     )

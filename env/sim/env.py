@@ -303,6 +303,14 @@ class SimEnv(gym.Env):
         return self._probe_bytes
 
     @property
+    def last_observation(self) -> np.ndarray:
+        """The observation the last ``reset`` or ``step`` returned.
+
+        float32, the layout of :data:`~commgym.env.spaces.OBSERVATION_FIELDS`.
+        """
+        return self._last_obs
+
+    @property
     def decisions(self) -> int:
         """Decisions made in the running episode."""
         return self._decisions

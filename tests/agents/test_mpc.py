@@ -226,6 +226,10 @@ def test_saves_what_it_learned(setup, tmp_path):
         agent.prior_changes,
     )
     assert loaded.hyperparams == agent.hyperparams
+    # a learner: a leaderboard trains it by the scenario's recipe (env_kind sim)
+    from commgym.experiments.leaderboard import _role
+
+    assert agent.learned and _role("mpc") == "learned"
     obs, _ = env.reset(seed=7)
     for _ in range(5):
         a, _ = agent.predict(obs)

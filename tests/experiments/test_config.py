@@ -91,6 +91,13 @@ def test_every_agent_resolves_in_every_shipped_scenario(scenario):
 
     for name in _names(scenario):
         if name == "mpc":  # plans over a calibration record, which a scenario does not name
+            if load_run_config(scenario).env_kind == "sim":  # the default file, made first
+                from commgym.experiments.calibrate_sim import default_calibration_path
+
+                cfg = load_run_config(scenario, {"agent": name})
+                default = str(default_calibration_path(cfg.env_config))
+                assert cfg.agent_hyperparams["calibration"] == default
+                continue
             with pytest.raises(ValueError, match="calibrate-sim"):
                 load_run_config(scenario, {"agent": name})
             continue

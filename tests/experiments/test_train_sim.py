@@ -178,7 +178,8 @@ def test_sim_warm_start_clones_the_reactive_oracle_before_rl(tmp_path, capsys):
         agent, _, _ = learn_agent(cfg, None, run, tmp_path / "out")
         run_id = run.run_id
     out = capsys.readouterr().out
-    assert "cloned" in out and "of 3 oracle episodes" in out and "training ppo" in out
+    assert "cloned" in out and "of 3 expert episodes (the simulator's reactive oracle)" in out
+    assert "training ppo" in out
     assert agent.model.num_timesteps >= 32  # RL ran after the clone
     metrics = MlflowClient(tracking_uri=uri).get_run(run_id).data.metrics
     assert metrics["train/bc_episodes"] == 3 and 0 <= metrics["train/bc_accuracy"] <= 1
@@ -194,3 +195,52 @@ def test_sim_warm_start_clones_the_reactive_oracle_before_rl(tmp_path, capsys):
         RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "opening": "topk:0.5/25MB/H1"})
     for opening in ("best", None, "none/25MB/H1"):
         RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "opening": opening})
+
+
+def test_sim_warm_start_clones_mpc_into_a_policy_with_a_link_clock(tmp_path, capsys):
+    """``sim_warm_start: {expert: mpc}``: mpc learns the links' dwells in the simulator,
+    then its episodes are cloned into a PPO policy that reads the probe and the link clock."""
+    import warnings
+
+    from mlflow import MlflowClient
+
+    from commgym.agents.imitation import AgentExpert
+    from commgym.env.sim.wire import LinkFit
+    from commgym.experiments.config import RunConfig
+    from commgym.experiments.tracking import Tracker
+    from commgym.experiments.train import learn_agent
+    from tests.env.test_sim import _calibration, _env_cfg
+
+    flaky = {"schedule": [[0, "10gbit"], [4, "10mbit"], [6.4, "10gbit"]], "shift_s": 0.5}
+    cal = _calibration()
+    cal.wire.links[10**10] = {k: LinkFit(3e-4, 1.0) for k in ("allreduce", "allgather")}
+    cal.save(tmp_path / "cal.json")
+    kwargs = {"n_steps": 16, "batch_size": 16, "n_epochs": 1, "history": 2, "link_clock": True}
+    warm = {"episodes": 3, "epochs": 5, "expert": "mpc", "expert_timesteps": 40,
+            "expert_kwargs": {"link_from": "probe"}}  # fmt: skip
+    cfg = RunConfig(
+        agent="ppo", agent_kwargs={"ppo": kwargs}, timesteps=16,
+        env=_env_cfg(network=flaky, probe_bytes=65536).to_dict(), env_kind="sim",
+        calibration=str(tmp_path / "cal.json"), baselines=[], output_dir=str(tmp_path / "out"),
+        sim_warm_start=warm,
+    )  # fmt: skip
+    (tmp_path / "out").mkdir()
+    uri = f"sqlite:///{tmp_path}/m.db"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Tracker(uri, experiment="x").start_run("t") as run:
+            agent, _, _ = learn_agent(cfg, None, run, tmp_path / "out")
+            run_id = run.run_id
+    out = capsys.readouterr().out
+    assert "mpc learning the links" in out and "(the model-predictive agent)" in out
+    metrics = MlflowClient(tracking_uri=uri).get_run(run_id).data.metrics
+    assert metrics["train/bc_episodes"] == 3 and metrics["train/bc_skipped"] == 0
+    assert agent.link_clock == 0.5 and agent.model.num_timesteps >= 16
+    with pytest.raises(TypeError, match="acts on the simulator's observation"):
+        AgentExpert(agent)(object())
+    with pytest.raises(ValueError, match="expert must be 'oracle' or 'mpc'"):
+        RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "expert": "dp"})
+    with pytest.raises(ValueError, match="are the mpc expert's"):
+        RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "expert_timesteps": 9})
+    with pytest.raises(ValueError, match="opening is the oracle expert's"):
+        RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "expert": "mpc", "opening": None})

@@ -1,0 +1,118 @@
+"""The link clock (commgym.agents.features): what it reads, the same features while an SB3
+policy learns (the wrapper) and while it acts (``predict``'s state), saved and refused."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from commgym.agents import load_agent, make_agent, rollout
+from commgym.agents.features import LINK_CLOCK_FIELDS, LinkClock, LinkClockWrapper
+from commgym.agents.sb3 import _push
+from commgym.env.sim import SimEnv
+from commgym.env.spaces import OBSERVATION_FIELDS
+from tests.env.test_sim import _calibration, _env_cfg
+
+FIELD = {f.name: i for i, f in enumerate(OBSERVATION_FIELDS)}
+#: the probe reads 10 Gbit/s and 10 Mbit/s 2.4 decades apart on the fixture's calibration
+FLAKY = {"schedule": [[0, "10gbit"], [2, "10mbit"], [4, "10gbit"]], "shift_s": 0.2}
+
+
+def _obs(probe: float, elapsed: float) -> np.ndarray:
+    o = np.zeros(len(OBSERVATION_FIELDS), dtype=np.float32)
+    o[FIELD["log10_probe_gbps"]], o[FIELD["elapsed_frac"]] = probe, elapsed
+    return o
+
+
+def test_the_clock_times_each_link_and_remembers_how_long_it_held():
+    clock = LinkClock()
+    trace = [  # (probe reading, elapsed): fast, slow, fast again, slow again
+        (0.0, 0.0), (1.0, 0.05), (1.1, 0.10), (-0.9, 0.20), (-1.0, 0.25),
+        (0.95, 0.40), (1.0, 0.45), (-1.0, 0.50),
+    ]  # fmt: skip
+    got = [clock.update(_obs(p, t)) for p, t in trace]
+    # no reading yet, then the first link's age counts from the episode's start
+    np.testing.assert_allclose(got[0], [0.0, 0.0, 0.0])
+    np.testing.assert_allclose(got[2], [0.10, 0.0, 0.0], atol=1e-7)  # 0.1 decades: same link
+    np.testing.assert_allclose(got[3], [0.0, 0.0, 1 / 8], atol=1e-7)  # the slow link begins
+    np.testing.assert_allclose(got[4], [0.05, 0.0, 1 / 8], atol=1e-7)
+    # the fast link again: it held 0.20 of the budget last time
+    np.testing.assert_allclose(got[5], [0.0, 0.20, 2 / 8], atol=1e-7)
+    np.testing.assert_allclose(got[6], [0.05, 0.20, 2 / 8], atol=1e-7)
+    np.testing.assert_allclose(got[7], [0.0, 0.20, 3 / 8], atol=1e-7)  # slow held 0.20 too
+    assert [f.name for f in LINK_CLOCK_FIELDS] == [
+        "link_age_frac", "link_last_dwell_frac", "link_changes",
+    ]  # fmt: skip
+    for bad in (0, -0.5, float("nan"), True, "0.5"):
+        with pytest.raises(ValueError, match="change_decades must be a finite number > 0"):
+            LinkClock(bad)
+
+
+def _sim() -> SimEnv:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 10 Gbit/s is interpolated in this calibration
+        return SimEnv(_calibration(), _env_cfg(network=FLAKY, probe_bytes=65536))
+
+
+@pytest.fixture(scope="module")
+def env():
+    return _sim()
+
+
+def test_predict_appends_the_features_the_wrapper_learned_on(env):
+    agent = make_agent("ppo", env, seed=0, history=2, link_clock=True, n_steps=16, batch_size=16)
+    twin = _sim()
+    venv = agent._learning_env(twin)  # DummyVecEnv(LinkClockWrapper) + VecFrameStack
+    venv.seed(5)
+    learned = venv.reset()
+    obs, _ = env.reset(seed=5)
+    clocks, row = agent._clocked(None, obs[None], np.array([True]))
+    mine = _push(None, row, 2, np.array([True]))
+    changes = 0.0
+    topk_h2 = np.unravel_index(env.menu.entry_names().index("topk:0.01/25MB/H2"), env.menu.nvec)
+    done = np.array([False])
+    while not done[0]:  # one episode (the vec env's auto-reset would start another)
+        np.testing.assert_array_equal(mine, learned)
+        changes = max(changes, float(mine[0, -1]))
+        action = np.array([topk_h2])  # fast enough to see both links
+        learned, _, done, _ = venv.step(action)
+        obs, *_ = env.step(action[0])
+        clocks, row = agent._clocked(clocks, obs[None], np.array([False]))
+        mine = _push(mine, row, 2, np.array([False]))
+    assert learned.shape == (1, 2 * (len(OBSERVATION_FIELDS) + len(LINK_CLOCK_FIELDS)))
+    assert changes == 2 / 8  # to 10 Mbit/s and back
+
+
+def test_a_policy_with_a_clock_saves_loads_and_acts_alike(env, tmp_path):
+    agent = make_agent(
+        "ppo", env, seed=0, history=2, normalize=True, link_clock={"change_decades": 0.4},
+        n_steps=32, batch_size=32,
+    )  # fmt: skip
+    agent.learn(64)
+    first = rollout(env, agent, 11, target_loss=0.2)
+    path = agent.save(tmp_path / "ppo")
+    for loaded in (load_agent(path, env=env), load_agent(path)):  # predict-only without env
+        assert loaded.link_clock == 0.4 and loaded.hyperparams["link_clock"] == {
+            "change_decades": 0.4
+        }
+        again = rollout(env, loaded, 11, target_loss=0.2)
+        assert [s.config for s in again.steps] == [s.config for s in first.steps]
+    # two rows keep a clock each; the clocks ride outermost in the state
+    obs, _ = env.reset(seed=11)
+    actions, state = agent.predict(np.stack([obs, obs]), episode_start=np.array([True, True]))
+    assert actions.shape == (2, 3) and len(state[0]) == 2 and state[0][0] is not state[0][1]
+
+
+def test_a_clock_that_would_read_nothing_is_refused(env):
+    with pytest.raises(ValueError, match="link_clock reads the probe's bandwidth"):
+        make_agent("ppo", env, link_clock=True, probe=False)
+    with pytest.raises(ValueError, match=r"link_clock reads \['elapsed_frac'\]"):
+        make_agent("ppo", env, link_clock=True, obs_fields=["log10_probe_gbps", "eval_loss"])
+    with pytest.raises(ValueError, match="link_clock must be true, false or"):
+        make_agent("ppo", env, link_clock={"decades": 1})
+    with pytest.raises(ValueError, match="change_decades must be a finite number > 0"):
+        make_agent("ppo", env, link_clock={"change_decades": 0})
+    with pytest.raises(ValueError, match="commgym's observation layout"):
+        LinkClockWrapper(LinkClockWrapper(env))
