@@ -344,6 +344,10 @@ class Agent(ABC):
     learned: ClassVar[bool] = False
     #: Learns by forking real episodes (``AllReduceEnv.snapshot``): never on the surrogate.
     needs_real_env: ClassVar[bool] = False
+    #: ``learn`` runs searches of a size of their own (``total_timesteps`` unused), each
+    #: with its own progress bar (``progress_bar=True``): a bar over ``total_timesteps``
+    #: would show nothing of them (``rollout-table``: ~800-1,700 s of real episodes).
+    searches_when_learning: ClassVar[bool] = False
     #: Answers ``predict`` from an observation. False for bounds found per evaluation seed
     #: (``oracle-adaptive``): nothing to steer a job with, so ``CommScheduler`` refuses it.
     acts: ClassVar[bool] = True

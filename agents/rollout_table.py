@@ -140,6 +140,7 @@ class RolloutTableAgent(StepAgent):
     name = "rollout-table"
     learned = True
     needs_real_env = True
+    searches_when_learning = True
 
     @property
     def preparation(self) -> Preparation:

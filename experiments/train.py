@@ -197,7 +197,12 @@ def learn_agent(
             search_oracle(cfg.agent, agent, cost, real=surrogate is None)
         if cfg.sim_warm_start and not searches:
             warm_start(cfg, agent, parent, prefix, sim=surrogate)
-        if not searches and cfg.timesteps:  # 0: a warm start's clone as it is
+        if not searches and cfg.timesteps and agent.searches_when_learning:
+            # its searches' size is theirs, not timesteps': each shows its own bar, in
+            # episodes or link phases, with an estimate
+            console.print(f"training {cfg.agent} on {where}: its searches, one bar each ...")
+            agent.learn(cfg.timesteps, progress_bar=True)
+        elif not searches and cfg.timesteps:  # 0: a warm start's clone as it is
             with phase(f"training {cfg.agent} on {where}", cfg.timesteps, unit="decisions") as adv:
                 if vec_env is None:
                     agent.learn(cfg.timesteps, callback=lambda _: adv(1))

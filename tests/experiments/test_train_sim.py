@@ -244,3 +244,45 @@ def test_sim_warm_start_clones_mpc_into_a_policy_with_a_link_clock(tmp_path, cap
         RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "expert_timesteps": 9})
     with pytest.raises(ValueError, match="opening is the oracle expert's"):
         RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "expert": "mpc", "opening": None})
+
+
+def test_a_learner_whose_searches_are_its_own_size_shows_their_bars(tmp_path, monkeypatch, capsys):
+    """``rollout-table`` searches a fixed number of episodes whatever ``timesteps`` says:
+    the recipe lets its searches draw their own bars (``progress_bar=True``) instead of a
+    bar over ``timesteps`` that fills at once (issue 39 item 6). A stand-in agent records
+    the call; the recipe around it is the real one."""
+    import warnings
+
+    from commgym.agents.base import Preparation
+    from commgym.env.sim import SimEnv
+    from commgym.experiments import train
+    from commgym.experiments.config import RunConfig
+    from commgym.experiments.tracking import Tracker
+    from tests.env.test_sim import _calibration, _env_cfg
+
+    calls = []
+
+    class Searcher:
+        oracle = False
+        searches_when_learning = True
+        hyperparams: dict = {}
+        preparation = Preparation(1.0, 42)
+
+        def learn(self, total_timesteps=None, progress_bar=False, callback=None):
+            calls.append((total_timesteps, progress_bar, callback))
+            return self
+
+        def save(self, path):
+            return path
+
+    monkeypatch.setattr(train, "build_agent", lambda *a, **k: Searcher())
+    cfg = RunConfig(agent="rollout-table", timesteps=1, env=_env_cfg(network="10mbit").to_dict(),
+                    baselines=[], output_dir=str(tmp_path))  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = SimEnv(_calibration(), cfg.env_config)
+    with Tracker(f"sqlite:///{tmp_path}/m.db", experiment="x").start_run("t") as run:
+        _, cost, _ = train.learn_agent(cfg, env, run, tmp_path)
+    assert calls == [(1, True, None)]
+    assert "its searches, one bar each" in capsys.readouterr().out
+    assert cost.real_decisions == 42  # what its searches cost, not timesteps
