@@ -252,6 +252,7 @@ def test_a_learner_whose_searches_are_its_own_size_shows_their_bars(tmp_path, mo
     bar over ``timesteps`` that fills at once (issue 39 item 6). A stand-in agent records
     the call; the recipe around it is the real one."""
     import warnings
+    from typing import ClassVar
 
     from commgym.agents.base import Preparation
     from commgym.env.sim import SimEnv
@@ -265,7 +266,7 @@ def test_a_learner_whose_searches_are_its_own_size_shows_their_bars(tmp_path, mo
     class Searcher:
         oracle = False
         searches_when_learning = True
-        hyperparams: dict = {}
+        hyperparams: ClassVar[dict] = {}
         preparation = Preparation(1.0, 42)
 
         def learn(self, total_timesteps=None, progress_bar=False, callback=None):
