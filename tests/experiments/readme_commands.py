@@ -264,6 +264,13 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         "test_sim_warm_start_clones_the_reactive_oracle_before_rl, the cloning itself in "
         "tests/agents/test_imitation.py"
     ),
+    "commgym train --config flaky-link-clock": NotInCI(
+        "the calibration's real ranks (or --calibration), 13 s of cloning mpc in the simulator, "
+        "then 24 real episodes of 4 ranks on an emulated network (root, about 9 minutes); the "
+        "path (sim_warm_start with expert mpc, link_clock) runs in tests/experiments/"
+        "test_train_sim.py::test_sim_warm_start_clones_mpc_into_a_policy_with_a_link_clock, "
+        "the clock in tests/agents/test_features.py"
+    ),
     "commgym train --config link-lottery-bc": NotInCI(
         "the calibration's real ranks, a minute of cloning and 50,000 simulated PPO decisions, "
         "then 32 real episodes (about 13 minutes: each 10 Mbit/s decision's held-out evaluation "
