@@ -199,9 +199,15 @@ class OracleStaticAgent(StepAgent):
             (``"int8/4MB/H1"``) or static presets (``"ddp-default"``); default: the
             whole menu, in flat order.
         seed: unused (the searched episodes use ``seeds``).
+        probe: run the searched episodes with the env's probe all-reduce, as a player
+            that reads it would. The oracle itself never reads it (its entries are static),
+            so its own searches run without (``False``); a learner that learns from these
+            episodes and reads the probe when it plays (``rollout-table``) must see the
+            probe in them too.
 
     Raises:
-        ValueError: empty or duplicated ``seeds``/``entries``, an entry not on the menu.
+        ValueError: empty or duplicated ``seeds``/``entries``, an entry not on the menu;
+            ``probe`` not a bool.
     """
 
     reads_probe = False
@@ -216,8 +222,11 @@ class OracleStaticAgent(StepAgent):
         seed: int | None = None,
         seeds: Sequence[int] = DEFAULT_SEEDS,
         entries: Sequence[str] | None = None,
+        probe: bool = False,
     ) -> None:
         seeds = check_seeds(seeds)
+        if not isinstance(probe, bool):
+            raise ValueError(f"probe must be true or false, got {probe!r}")
         if entries is not None:
             if isinstance(entries, str) or not isinstance(entries, Sequence) or not entries:
                 raise ValueError(
@@ -225,8 +234,10 @@ class OracleStaticAgent(StepAgent):
                     f"strings, got {entries!r}"
                 )
             entries = [str(e) for e in entries]
-        super().__init__(env, seed=seed, seeds=seeds, entries=entries)
+        super().__init__(env, seed=seed, seeds=seeds, entries=entries, probe=probe)
         self.seeds = seeds
+        #: whether the searched episodes run the probe (``probe``)
+        self.probe = probe
         # resolved through StaticAgent, so presets and menu strings mean what they mean there
         self.entries = (
             [str(self.menu.decode(self._unflat(i))) for i in range(self.menu.size)]
@@ -340,6 +351,7 @@ class OracleStaticAgent(StepAgent):
         try:
             for entry in self.entries:
                 static = StaticAgent(env, preset=entry)
+                static.reads_probe = self.probe  # the rollout runs the probe for a reader
                 episodes = []
                 for s in self.seeds:
                     if self._stop:

@@ -212,9 +212,13 @@ class OracleAdaptiveAgent(StepAgent):
         entries: candidate entries (menu strings or presets; default: the whole menu).
         static: a learned ``oracle-static`` over the same seeds and entries.
         seed: unused.
+        probe: fork episodes that run the probe all-reduce (as ``OracleStaticAgent``'s
+            ``probe``: for a learner that learns from them and reads the probe); the
+            static search it runs itself runs alike. ``static``'s must match.
 
     Raises:
-        ValueError: bad ``seeds``/``entries``; ``static`` over other seeds.
+        ValueError: bad ``seeds``/``entries``; ``static`` over other seeds or another
+            ``probe``.
     """
 
     reads_probe = False
@@ -232,17 +236,31 @@ class OracleAdaptiveAgent(StepAgent):
         seeds: Sequence[int] = DEFAULT_SEEDS,
         entries: Sequence[str] | None = None,
         static: OracleStaticAgent | None = None,
+        probe: bool = False,
     ) -> None:
         seeds = check_seeds(seeds)
+        if not isinstance(probe, bool):
+            raise ValueError(f"probe must be true or false, got {probe!r}")
         super().__init__(
-            env, seed=seed, seeds=seeds, entries=None if entries is None else list(entries)
+            env,
+            seed=seed,
+            seeds=seeds,
+            entries=None if entries is None else list(entries),
+            probe=probe,
         )
         if static is not None and list(static.seeds) != seeds:
             raise ValueError(
                 f"static oracle searched seeds {static.seeds}, this one evaluates {seeds}"
             )
+        if static is not None and static.probe != probe:
+            raise ValueError(
+                f"static oracle's episodes ran with probe={static.probe}, this one's would run "
+                f"with probe={probe}: one search, one setting"
+            )
         self.seeds = seeds
-        self.static = static or OracleStaticAgent(env, seeds=seeds, entries=entries)
+        #: whether the forked episodes run the probe (``probe``)
+        self.probe = probe
+        self.static = static or OracleStaticAgent(env, seeds=seeds, entries=entries, probe=probe)
         self.entries = list(self.static.entries)
         #: per seed, the schedule found (empty before ``learn``)
         self.schedules: dict[int, SeedSchedule] = {}
@@ -317,7 +335,7 @@ class OracleAdaptiveAgent(StepAgent):
         t0 = time.perf_counter()
         labels = {}
         for s in self.seeds:
-            env.reset(seed=s, options={"probe": False})
+            env.reset(seed=s, options={"probe": self.probe})
             labels[s] = env.unwrapped.episode_phases
         phased = [s for s in self.seeds if len(labels[s]) > 1]
         progress = (
@@ -380,8 +398,9 @@ class OracleAdaptiveAgent(StepAgent):
         base = StaticAgent(env, preset=self.base)
         candidates = [self.base] + [e for e in self.entries if e != self.base]
         agents = {e: StaticAgent(env, preset=e) for e in candidates}
-        # probe-free, as the static entries it extends and its schedule's re-run
-        obs, info = env.reset(seed=seed, options={"probe": False})
+        # probe-free, as the static entries it extends and its schedule's re-run (unless
+        # a learner that reads the probe learns from these episodes: ``probe``)
+        obs, info = env.reset(seed=seed, options={"probe": self.probe})
         phases = core.episode_phases
         choices: list[PhaseChoice] = []
         segments: list[Episode] = []

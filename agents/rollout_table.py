@@ -233,9 +233,14 @@ class RolloutTableAgent(StepAgent):
                     played.append((str(info.get("config")), cond, d))
             return None if callback is None else callback(step)
 
-        static = OracleStaticAgent(env, seeds=seeds, entries=self.entries)
+        # the table classifies conditions by the probe it reads when it plays, so its
+        # searches run the probe too (the oracles' own searches run without)
+        probe = bool(self.reads_probe)
+        static = OracleStaticAgent(env, seeds=seeds, entries=self.entries, probe=probe)
         static.learn(progress_bar=progress_bar, callback=on_step)
-        oracle = OracleAdaptiveAgent(env, seeds=seeds, entries=self.entries, static=static)
+        oracle = OracleAdaptiveAgent(
+            env, seeds=seeds, entries=self.entries, static=static, probe=probe
+        )
         oracle.learn(progress_bar=progress_bar, callback=on_step)
         self.cost_s = time.perf_counter() - t0
         self.cost_decisions = static.search_decisions + oracle.search_decisions

@@ -445,6 +445,8 @@ class RayExecutor:
         config = env.unwrapped.config
         t0 = time.perf_counter()
         players = {e: StaticAgent(env, preset=e) for e in agent.entries}
+        for player in players.values():  # with the probe where the search runs it
+            player.reads_probe = agent.probe
         cells = [(e, s) for e in agent.entries for s in agent.seeds]
         episodes: dict[str, list[Any]] = {e: [] for e in agent.entries}
         for i, played in self.play(env, config, cells, players, config.target_loss):

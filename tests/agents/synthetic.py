@@ -118,6 +118,8 @@ class TimedTableEnv(TableEnv):
 
     def reset(self, *, seed=None, options=None):
         obs, info = super().reset(seed=seed, options=options)
+        # as the real env: an episode reset with options={"probe": False} runs no probe
+        self.probe_on = not (isinstance(options, dict) and options.get("probe") is False)
         if seed is not None:
             self.speed = 1.0 + 0.1 * (seed % 3)
         self._train_time_s = 0.0
@@ -137,13 +139,14 @@ class TimedTableEnv(TableEnv):
         self._train_time_s += dt
         cfg = self.config
         step_s = dt / cfg.steps_per_decision
+        probe_s = self.probe_s() if getattr(self, "probe_on", True) else 0.0
         m = DecisionMeasurement(
             train_time_s=dt, step_time_s=step_s, iter_mean_s=step_s, compute_s=0.0,
             comm_wait_s=0.002, compress_s=0.0, comm_s=0.004, bytes_per_step=1e5,
             bytes_total=2e5, train_loss=self._loss, eval_loss=self._loss, eval_acc=0.5,
             eval_s=0.0, grad_norm=1.0, compression_error=0.0, nonfinite=False,
             samples=cfg.steps_per_decision, steps=cfg.steps_per_decision,
-            probe_s=self.probe_s(), probe_bytes=65536 if self.probe_s() else 0,
+            probe_s=probe_s, probe_bytes=65536 if probe_s else 0,
         ).to_dict()  # fmt: skip
         elapsed = min(1.0, self._train_time_s / cfg.time_budget_s)
         obs = self._builder.build(m, a, elapsed)
