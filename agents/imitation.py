@@ -98,13 +98,9 @@ class SimScheduleExpert:
         Raises:
             TypeError: ``env`` is not the simulator.
         """
-        from commgym.env.sim import SimEnv, best_schedule
+        from commgym.env.sim import best_schedule
 
-        if not isinstance(env, SimEnv):
-            raise TypeError(
-                f"the schedule expert reads the simulator's state; got {type(env).__name__} "
-                "(behaviour cloning runs in commgym/Sim-v1: env_kind: sim)"
-            )
+        _require_sim(env, "the schedule expert reads the simulator's state")
         cfg = env.config
         key = (env.episode_seed, repr(cfg.network), env.probe_bytes)
         opening = self._resolve_opening(env)
@@ -197,13 +193,7 @@ class AgentExpert:
         Raises:
             TypeError: ``env`` is not the simulator.
         """
-        from commgym.env.sim import SimEnv
-
-        if not isinstance(env, SimEnv):
-            raise TypeError(
-                f"an agent expert acts on the simulator's observation; got {type(env).__name__} "
-                "(behaviour cloning runs in commgym/Sim-v1: env_kind: sim)"
-            )
+        _require_sim(env, "an agent expert acts on the simulator's observation")
         start = env.decisions == 0
         self.episodes += start
         action, state = self.agent.predict(
@@ -214,6 +204,21 @@ class AgentExpert:
         )
         self._states[id(env)] = state
         return np.asarray(action, dtype=np.int64).reshape(3)
+
+
+def _require_sim(env: Any, why: str) -> None:
+    """Refuse an env that is not the simulator, saying ``why`` the expert needs it.
+
+    Raises:
+        TypeError: ``env`` is not a :class:`~commgym.env.sim.SimEnv`.
+    """
+    from commgym.env.sim import SimEnv
+
+    if not isinstance(env, SimEnv):
+        raise TypeError(
+            f"{why}; got {type(env).__name__} (behaviour cloning runs in commgym/Sim-v1: "
+            "env_kind: sim)"
+        )
 
 
 @dataclass

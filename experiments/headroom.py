@@ -32,6 +32,7 @@ scenario per condition), at the worst mix of the conditions for a static entry.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ __all__ = [
     "Estimate",
     "SwitchingBound",
     "captured_fraction",
+    "decision_times",
     "has_headroom",
     "headroom",
     "jackknife",
@@ -377,3 +379,40 @@ def switching_bound(
         entries=tuple(entries),
         per_job=per_job,
     )
+
+
+def decision_times(folder: str | os.PathLike[str], budget_s: float) -> dict[str, dict[int, float]]:
+    """Time to target per player and seed from an evaluation's decision CSVs.
+
+    Reads every ``decisions-<player>-seed<N>.csv`` in ``folder`` (what ``train``,
+    ``evaluate`` and the leaderboard write, one per player and evaluation seed): the
+    episode's training time at its last decision where that decision reached the target
+    (``reason == "target_reached"``), else ``budget_s`` (a miss counts as the budget, as
+    the tables do in h and C). The records' analysis scripts read their runs with it.
+
+    Args:
+        folder: a folder of decision CSVs (a record, or its scenario's sub-folder).
+        budget_s: the scenario's ``time_budget_s``, s.
+
+    Returns:
+        ``{player: {seed: seconds}}``; player names as in the file names (e.g.
+        ``ppo_learned``, ``oracle_re-run_topk_0.01_25MB_H1``).
+    """
+    import csv
+    import re
+    from pathlib import Path
+
+    times: dict[str, dict[int, float]] = {}
+    for path in sorted(Path(folder).glob("decisions-*-seed*.csv")):
+        m = re.fullmatch(r"decisions-(.+)-seed(\d+)\.csv", path.name)
+        if m is None:
+            continue
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        if not rows:
+            continue
+        last = rows[-1]
+        reached = last.get("reason") == "target_reached"
+        t = float(last["train_time_s"]) if reached else float(budget_s)
+        times.setdefault(m.group(1), {})[int(m.group(2))] = t
+    return times

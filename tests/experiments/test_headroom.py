@@ -255,3 +255,23 @@ def test_headroom_rule_in_standard_errors_and_seeds_needed():
     # oracles that tie with a seed left out: C's interval is unbounded
     tied = captured_fraction([10.0, 10.0, 10.0], [10.0, 10.0, 9.0], [10.0, 10.0, 9.5])
     assert tied.low == -math.inf and tied.high == math.inf
+
+
+def test_decision_times_reads_each_players_csvs_with_a_miss_as_the_budget(tmp_path):
+    from commgym.experiments.headroom import decision_times
+
+    rows = {
+        "decisions-ppo_learned-seed1000.csv": [("1.5", ""), ("3.25", "target_reached")],
+        "decisions-ppo_learned-seed1001.csv": [("2.0", ""), ("31.0", "budget")],
+        "decisions-oracle_re-run_topk_0.01_25MB_H1-seed1000.csv": [("4.0", "target_reached")],
+        "not-a-decisions-file.csv": [("9.0", "target_reached")],
+    }
+    for name, lines in rows.items():
+        text = "decision,train_time_s,reason\n" + "".join(
+            f"{i},{t},{r}\n" for i, (t, r) in enumerate(lines, 1)
+        )
+        (tmp_path / name).write_text(text)
+    assert decision_times(tmp_path, 30.0) == {
+        "ppo_learned": {1000: 3.25, 1001: 30.0},
+        "oracle_re-run_topk_0.01_25MB_H1": {1000: 4.0},
+    }

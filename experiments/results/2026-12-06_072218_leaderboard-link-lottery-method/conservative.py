@@ -13,17 +13,15 @@ and each learner's ratio to oracle-adaptive (the contextual oracle: per link its
 re-run). commgym's own estimators; a miss counts as the budget.
 """
 
-import csv
-import glob
 import json
 import os
-import re
 import statistics
 import sys
 from collections import defaultdict
 
 from commgym.experiments.headroom import (
     captured_fraction,
+    decision_times,
     has_headroom,
     headroom,
     paired_difference,
@@ -32,13 +30,7 @@ from commgym.experiments.headroom import (
 
 BUDGET = 30.0
 rec = os.path.join(sys.argv[1], "link-lottery-method")
-times = defaultdict(dict)
-for path in sorted(glob.glob(os.path.join(rec, "decisions-*-seed*.csv"))):
-    m = re.match(r"decisions-(.+)-seed(\d+)\.csv", os.path.basename(path))
-    rows = list(csv.DictReader(open(path)))
-    last = rows[-1]
-    reached = last["reason"] == "target_reached"
-    times[m.group(1)][int(m.group(2))] = float(last["train_time_s"]) if reached else BUDGET
+times = defaultdict(dict, decision_times(rec, BUDGET))
 # oracle-adaptive per seed: the re-run of the entry it kept for that seed's link (the
 # leaderboard's headroom JSON lists, per condition, the kept entry and its seeds)
 report = json.load(open(os.path.join(sys.argv[1], "headroom-link-lottery-method.json")))

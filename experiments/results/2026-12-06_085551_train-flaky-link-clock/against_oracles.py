@@ -16,28 +16,18 @@ Which entry each player chose on each link is in the record's output.txt (the ta
 per-condition modal action). A miss counts as the budget. commgym's own estimators (commgym.experiments.headroom).
 """
 
-import csv
-import glob
 import os
-import re
 import statistics
 import sys
 from collections import defaultdict
 
-from commgym.experiments.headroom import captured_fraction, paired_difference
+from commgym.experiments.headroom import captured_fraction, decision_times, paired_difference
 
 BUDGET = 30.0
 
 
 def read(rec):
-    times = defaultdict(dict)
-    for path in sorted(glob.glob(os.path.join(rec, "decisions-*-seed*.csv"))):
-        m = re.match(r"decisions-(.+)-seed(\d+)\.csv", os.path.basename(path))
-        rows = list(csv.DictReader(open(path)))
-        last = rows[-1]
-        reached = last["reason"] == "target_reached"
-        times[m.group(1)][int(m.group(2))] = float(last["train_time_s"]) if reached else BUDGET
-    return times
+    return decision_times(rec, BUDGET)
 
 
 pool = defaultdict(list)
