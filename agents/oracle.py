@@ -467,6 +467,7 @@ class BestStaticAgent(OracleStaticAgent):
         episodes: training seeds searched (>= 1) when ``seeds`` is not given.
         seeds: explicit search seeds (instead of the training seeds).
         entries: menu entries to search (default: the whole menu).
+        probe: as :class:`OracleStaticAgent`'s (its searched episodes run the probe).
 
     Raises:
         ValueError: as :class:`OracleStaticAgent`; ``episodes`` < 1; a negative ``seed``.
@@ -483,11 +484,12 @@ class BestStaticAgent(OracleStaticAgent):
         episodes: int = 3,
         seeds: Sequence[int] | None = None,
         entries: Sequence[str] | None = None,
+        probe: bool = False,
     ) -> None:
         check_int("episodes", episodes, 1)
         if seeds is None:
             seeds = training_seeds(seed, episodes)
-        super().__init__(env, seed=seed, seeds=seeds, entries=entries)
+        super().__init__(env, seed=seed, seeds=seeds, entries=entries, probe=probe)
         self._hyperparams["episodes"] = episodes
 
     @property
