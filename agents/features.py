@@ -11,9 +11,21 @@ clock summarises the whole episode's probe readings in three numbers instead.
 
 The clock reads only the probe all-reduce's bandwidth (``log10_probe_gbps``, which no
 action changes: the same 64 KiB buffer every decision) and the training clock
-(``elapsed_frac``), so it is the same function on real ranks and in the simulator. A new
-link phase starts where the reading moves more than ``change_decades`` from the reading
-that opened the current phase.
+(``elapsed_frac``), so it is the same function on real ranks and in the simulator. Which
+link a reading shows is decided one of two ways:
+
+* **by the links' levels** (``levels``: the probe's reading on each link the policy can
+  meet, log10 Gbit/s, e.g. from the simulator's calibration, :func:`probe_levels`): a
+  reading belongs to the nearest level, and a phase changes where that link changes. The
+  split between two links lies halfway (in decades) between their levels, so a reading's
+  spread on one link only counts as a change once it crosses half the gap. Measured on real
+  ranks (record 2026-12-06_085551_train-flaky-link-clock): the 64 KiB probe on the 10 Gbit/s
+  link read 1.6-21.3 ms (median 6.8 ms, 0.22 decades s.d.; 4 ranks on 2 cores), on 10 Mbit/s
+  74.6-84.4 ms; the split of the calibrated levels lies at ~25 ms.
+* **by a move** (no levels): a reading more than ``change_decades`` from the median of the
+  current phase's readings starts a new phase. The first rule used the reading that opened
+  the phase, and one low reading there made every later one a "change" (57 changes seen for
+  18 on that record).
 
 :class:`LinkClock` is the one place the features are computed: :class:`LinkClockWrapper`
 appends them while a policy learns (per env, under SB3's frame stack and normaliser) and
@@ -32,7 +44,14 @@ import numpy as np
 
 from commgym.env.spaces import OBSERVATION_FIELDS, ObservationField
 
-__all__ = ["LINK_CLOCK_FIELDS", "LinkClock", "LinkClockWrapper", "clock_space"]
+__all__ = [
+    "LINK_CLOCK_FIELDS",
+    "LinkClock",
+    "LinkClockWrapper",
+    "check_levels",
+    "clock_space",
+    "probe_levels",
+]
 
 #: The features the clock appends, in order (units: fractions of the episode's budget).
 LINK_CLOCK_FIELDS: tuple[ObservationField, ...] = (
@@ -62,21 +81,27 @@ class LinkClock:
     """The link clock of one episode, advanced one observation at a time.
 
     Args:
-        change_decades: a reading this far (log10 Gbit/s) from the one that opened the
-            current phase starts a new phase. The default 0.5 (a factor of 3.2) lies between
-            the probe's decision-to-decision spread on one link (~13 %) and the factor of
+        change_decades: without ``levels``, a reading this far (log10 Gbit/s) from the
+            median of the current phase's readings starts a new phase. The default 0.5 (a
+            factor of 3.2) lies between the probe's spread on one link and the factor of
             ~10 between flaky-link's links as the probe reads them (its 64 KiB all-reduce is
             latency-bound on the fast link).
+        levels: the probe's reading (log10 Gbit/s) on each link the episode can meet
+            (:func:`probe_levels`); a reading belongs to the nearest one. ``None``: the
+            ``change_decades`` rule.
 
     Raises:
-        ValueError: ``change_decades`` not a finite number > 0.
+        ValueError: ``change_decades`` not a finite number > 0; ``levels`` not a non-empty
+            list of finite numbers.
     """
 
     change_decades: float = 0.5
-    level: float | None = None  # the reading that opened the current phase
+    levels: tuple[float, ...] | None = None
+    level: float | None = None  # the current phase's link (its level, or its readings' median)
     start: float = 0.0  # elapsed_frac at which the current phase was first read
     changes: int = 0
     dwells: list[tuple[float, float]] | None = None  # (level, length) of ended phases
+    readings: list[float] | None = None  # the current phase's readings (the move rule)
 
     def __post_init__(self) -> None:
         c = self.change_decades
@@ -86,8 +111,22 @@ class LinkClock:
             or not (math.isfinite(c) and c > 0)
         ):
             raise ValueError(f"change_decades must be a finite number > 0, got {c!r}")
+        if self.levels is not None:
+            self.levels = check_levels(self.levels)
         if self.dwells is None:
             self.dwells = []
+        if self.readings is None:
+            self.readings = []
+
+    def link_of(self, reading: float) -> float:
+        """The link ``reading`` (log10 Gbit/s) shows: its nearest level, or the reading itself."""
+        if self.levels is None:
+            return reading
+        return min(self.levels, key=lambda v: abs(v - reading))
+
+    def _same(self, a: float, b: float) -> bool:
+        """Whether two phases' links are the same link."""
+        return a == b if self.levels is not None else abs(a - b) <= self.change_decades
 
     def update(self, observation: np.ndarray) -> np.ndarray:
         """Advance the clock by one observation and return its features.
@@ -102,23 +141,87 @@ class LinkClock:
         """
         reading = float(observation[_PROBE])
         now = float(observation[_ELAPSED])
+        assert self.dwells is not None and self.readings is not None
         if reading != 0.0:
-            if self.level is None:
-                self.level = reading  # the first reading: the phase began with the episode
-            elif abs(reading - self.level) > self.change_decades:
-                assert self.dwells is not None
+            link = self.link_of(reading)
+            if self.level is None:  # the first reading: the phase began with the episode
+                self.level, self.readings = link, [reading]
+            elif not self._same(link, self.level):
                 self.dwells.append((self.level, now - self.start))
-                self.level, self.start = reading, now
+                self.level, self.start, self.readings = link, now, [reading]
                 self.changes += 1
+            elif self.levels is None:
+                self.readings.append(reading)
+                self.level = float(np.median(self.readings))
         last = 0.0
         if self.level is not None:
-            for level, length in reversed(self.dwells or []):
-                if abs(level - self.level) <= self.change_decades:
+            for level, length in reversed(self.dwells):
+                if self._same(level, self.level):
                     last = length
                     break
         age = now - self.start
         out = (age, last, min(self.changes / _CHANGES_SCALE, 1.0))
         return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)
+
+
+def check_levels(levels: Any) -> tuple[float, ...]:
+    """``levels`` as a sorted tuple of floats; ``ValueError`` naming the value if it is not one."""
+    ok = (
+        isinstance(levels, list | tuple)
+        and len(levels) > 0
+        and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            for v in levels
+        )
+    )
+    if not ok:
+        raise ValueError(
+            f"levels must be a non-empty list of finite numbers (the probe's log10 Gbit/s on "
+            f"each link), got {levels!r}"
+        )
+    return tuple(sorted(float(v) for v in levels))
+
+
+def probe_levels(env: gym.Env, merge_decades: float = 0.1) -> list[float]:
+    """The probe's modelled reading on each link a simulator's episodes can meet.
+
+    Args:
+        env: a :class:`~commgym.env.sim.SimEnv`, or a wrapper of one.
+        merge_decades: levels closer than this (log10 Gbit/s) are one link as the probe
+            sees it (above a few hundred Mbit/s the 64 KiB probe fits the link's burst and
+            reads alike on every rate); the merged level is their mean.
+
+    Returns:
+        Sorted log10 Gbit/s, one per link the probe can tell apart: the calibration's
+        modelled probe time on each rate of the config's network plan (unshaped loopback
+        included where the plan has it).
+
+    Raises:
+        ValueError: ``env`` is not a simulator, or its config runs no probe.
+    """
+    from commgym.env.spaces import probe_gbps
+
+    sim = env.unwrapped
+    model, cfg = getattr(sim, "model", None), getattr(sim, "config", None)
+    if model is None or not hasattr(model, "probe_s"):
+        raise ValueError(
+            f"probe levels come from a simulator's calibration; {type(sim).__name__} is not "
+            "commgym/Sim-v1 (give link_clock: {levels: [...]} or {change_decades: x})"
+        )
+    if not cfg.probe_bytes:
+        raise ValueError("the env's config runs no probe (probe_bytes 0): no level to read")
+    rates = sorted({s.rate_bit_s for s in cfg.network_plan.specs}, key=lambda r: r or math.inf)
+    values = sorted(
+        math.log10(probe_gbps(cfg.probe_bytes, model.probe_s(cfg.probe_bytes, r), cfg.world_size))
+        for r in rates
+    )
+    groups: list[list[float]] = []
+    for v in values:
+        if groups and v - groups[-1][-1] < merge_decades:
+            groups[-1].append(v)
+        else:
+            groups.append([v])
+    return [round(sum(g) / len(g), 6) for g in groups]
 
 
 def clock_space(space: gym.spaces.Box) -> gym.spaces.Box:
@@ -134,13 +237,19 @@ class LinkClockWrapper(gym.ObservationWrapper):
     Args:
         env: a commgym env (its observation the layout of
             :data:`~commgym.env.spaces.OBSERVATION_FIELDS`), or a wrapper of one.
-        change_decades: :class:`LinkClock`'s threshold.
+        change_decades: :class:`LinkClock`'s threshold (without ``levels``).
+        levels: :class:`LinkClock`'s links (log10 Gbit/s; ``None``: the threshold rule).
 
     Raises:
         ValueError: the env's observation is not commgym's layout.
     """
 
-    def __init__(self, env: gym.Env, change_decades: float = 0.5) -> None:
+    def __init__(
+        self,
+        env: gym.Env,
+        change_decades: float = 0.5,
+        levels: list[float] | tuple[float, ...] | None = None,
+    ) -> None:
         super().__init__(env)
         shape = getattr(env.observation_space, "shape", None)
         if shape != (len(OBSERVATION_FIELDS),):
@@ -149,11 +258,12 @@ class LinkClockWrapper(gym.ObservationWrapper):
                 f"fields); got an observation space of shape {shape}"
             )
         self.change_decades = change_decades
-        self.clock = LinkClock(change_decades)
+        self.levels = levels
+        self.clock = LinkClock(change_decades, levels)
         self.observation_space = clock_space(env.observation_space)
 
     def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:  # noqa: D102
-        self.clock = LinkClock(self.change_decades)
+        self.clock = LinkClock(self.change_decades, self.levels)
         return super().reset(**kwargs)
 
     def observation(self, observation: np.ndarray) -> np.ndarray:

@@ -183,9 +183,13 @@ class SB3Agent(Agent):
             observation (how long the probe's link has held, how long it held the last time,
             how many changes so far: :data:`~commgym.agents.features.LINK_CLOCK_FIELDS`),
             the action-independent memory that anticipating a link change needs and a frame
-            stack cannot give. ``True`` (a change is a move of 0.5 decades in the probe's
-            reading) or ``{"change_decades": x}``. Needs the probe (``probe=True``) and the
-            ``log10_probe_gbps`` and ``elapsed_frac`` fields.
+            stack cannot give. ``True``: learning in the simulator, each reading belongs to
+            the nearest of the probe's modelled readings on the scenario's links
+            (:func:`~commgym.agents.features.probe_levels`), elsewhere a change is a move of
+            0.5 decades from the phase's median reading; ``{"levels": [...]}`` (log10
+            Gbit/s) or ``{"change_decades": x}`` choose. The resolved rule is saved with the
+            policy, so it reads real ranks' probes as it read the simulator's. Needs the
+            probe (``probe=True``) and the ``log10_probe_gbps`` and ``elapsed_frac`` fields.
         **hyperparams: keyword arguments of the SB3 algorithm (``policy`` defaults to
             ``"MlpPolicy"``, ``device`` to ``"cpu"``); they override :attr:`defaults`.
 
@@ -194,7 +198,8 @@ class SB3Agent(Agent):
         ValueError: ``history`` is not an integer >= 1; ``normalize`` is not a bool or a dict
             of ``VecNormalize`` keyword arguments; ``obs_fields`` names a field that does
             not exist (the message lists them), or is given with a ``vec_env``;
-            ``link_clock`` is not a bool or ``{"change_decades": x}``, or is given without
+            ``link_clock`` is not a bool, ``{"levels": [...]}`` or ``{"change_decades": x}``
+            (or both), or is given without
             the probe, without the fields it reads or with a ``vec_env``.
     """
 
@@ -222,8 +227,10 @@ class SB3Agent(Agent):
         self.normalize = _check_normalize(kwargs.pop("normalize", False))
         self.reads_probe = _check_probe(kwargs.pop("probe", True))
         self._mask = _field_mask(kwargs.pop("obs_fields", None))
-        self.link_clock = _check_link_clock(kwargs.pop("link_clock", False))
+        self.link_clock = _resolve_link_clock(kwargs.pop("link_clock", False), env)
         _check_clock_inputs(self.link_clock, self.reads_probe, self._mask)
+        if self.link_clock is not None:  # saved as resolved: the file reads probes as learned
+            self._hyperparams["link_clock"] = dict(self.link_clock)
         self._gamma = float(kwargs.get("gamma", 0.99))
         self._norm: Any = None
         if vec_env is not None and not self.reads_probe:
@@ -264,7 +271,7 @@ class SB3Agent(Agent):
             return env
         from commgym.agents.features import LinkClockWrapper
 
-        return LinkClockWrapper(env, self.link_clock)
+        return LinkClockWrapper(env, **self.link_clock)
 
     def _stacked(self, venv: Any, frozen: bool = False) -> Any:
         """``venv`` with the last :attr:`history` observations stacked, then normalised.
@@ -357,7 +364,7 @@ class SB3Agent(Agent):
         if clocks is None or len(clocks) != n:
             clocks = [None] * n
         clocks = [
-            LinkClock(self.link_clock) if c is None or (i < len(starts) and starts[i]) else c
+            LinkClock(**self.link_clock) if c is None or (i < len(starts) and starts[i]) else c
             for i, c in enumerate(clocks)
         ]
         extra = np.stack([c.update(r) for c, r in zip(clocks, rows, strict=True)])
@@ -753,22 +760,50 @@ def _check_normalize(normalize: Any) -> dict[str, Any] | None:
     )
 
 
-def _check_link_clock(link_clock: Any) -> float | None:
-    """``link_clock`` as the clock's ``change_decades`` (``None``: no clock)."""
+def _check_link_clock(link_clock: Any) -> dict[str, Any] | None:
+    """``link_clock`` as :class:`~commgym.agents.features.LinkClock` keyword arguments.
+
+    ``None``: no clock; ``True``: the move rule at 0.5 decades (learning in the simulator,
+    :func:`_resolve_link_clock` gives the simulator's levels instead).
+    """
     if link_clock is False or link_clock is None:
         return None
     if link_clock is True:
-        return 0.5
-    if isinstance(link_clock, dict) and set(link_clock) <= {"change_decades"}:
+        return {"change_decades": 0.5}
+    if (
+        isinstance(link_clock, dict)
+        and link_clock
+        and set(link_clock)
+        <= {
+            "change_decades",
+            "levels",
+        }
+    ):
         from commgym.agents.features import LinkClock
 
-        return LinkClock(**link_clock).change_decades  # its own check of the value
+        clock = LinkClock(**link_clock)  # its own check of the values
+        out: dict[str, Any] = {"change_decades": clock.change_decades}
+        if clock.levels is not None:
+            out["levels"] = list(clock.levels)
+        return out
     raise ValueError(
-        f"link_clock must be true, false or {{'change_decades': x}}, got {link_clock!r}"
+        "link_clock must be true, false, {'levels': [log10 Gbit/s, ...]} or "
+        f"{{'change_decades': x}}, got {link_clock!r}"
     )
 
 
-def _check_clock_inputs(clock: float | None, reads_probe: bool, mask: np.ndarray | None) -> None:
+def _resolve_link_clock(link_clock: Any, env: gym.Env) -> dict[str, Any] | None:
+    """:func:`_check_link_clock`, with ``True`` reading the simulator's probe levels."""
+    if link_clock is True and hasattr(env.unwrapped, "calibration"):
+        from commgym.agents.features import probe_levels
+
+        return {"change_decades": 0.5, "levels": probe_levels(env)}
+    return _check_link_clock(link_clock)
+
+
+def _check_clock_inputs(
+    clock: dict[str, Any] | None, reads_probe: bool, mask: np.ndarray | None
+) -> None:
     """Refuse a link clock that would read nothing: no probe, or its fields masked out."""
     if clock is None:
         return

@@ -10,7 +10,13 @@ What runs (all on this machine, :mod:`commgym.env.sim` says what each part is):
 3. ``switch_episodes`` episodes that switch entries at random (held 1-3 decisions), whose
    losses fit the progress a switch costs;
 4. timed all-reduces and all-gathers on loopback and on every link rate the scenario's
-   plan can put in force (emulated, one namespace per rank), for the wire fit.
+   plan can put in force (emulated, one namespace per rank), for the wire fit;
+5. a short static episode (``link_decisions`` decisions after a first one left out) of
+   every entry on every such link where its composed decision takes at most
+   ``link_decision_limit_s``: their median decision times are the calibration's
+   ``link_train_s``, whose difference from the composed time the simulator adds as the
+   entry's host cost on that link (the 10 Gbit/s sparse entries' 20-26 %, which no part
+   above carries).
 
 Every episode goes through THE rollout (:func:`~commgym.agents.rollout.rollout`). Seeds
 are far from the evaluation seeds (``900_000`` on), so the fidelity gates are held out.
@@ -45,6 +51,11 @@ __all__ = [
 
 #: ``env.reset`` seeds of the calibration's static episodes (never evaluation seeds).
 CALIBRATION_SEEDS: tuple[int, ...] = (900_001, 900_002)
+
+#: Decisions of each entry's short episode on each shaped link (step 5 of the module docstring).
+LINK_DECISIONS = 10
+#: ``env.reset`` seed of those episodes (never an evaluation seed).
+LINK_SEED = 920_001
 
 #: Payload sizes per rank of the wire benchmark, B (those whose ring transfer would take
 #: more than ~2 s on a link are skipped there).
@@ -302,6 +313,8 @@ def calibrate_sim(
     switch_episodes: int = SWITCH_EPISODES,
     rates: Sequence[int] | None = None,
     repeats: int = 3,
+    link_decisions: int = LINK_DECISIONS,
+    link_decision_limit_s: float = 1.0,
     progress: Callable[[str, int], Any] | None = None,
 ) -> Any:
     """Measure every part of the simulator for ``env_cfg``'s workload setting and menu.
@@ -317,6 +330,11 @@ def calibrate_sim(
         switch_episodes: random-switch episodes for the switch penalty (0: none, penalty 0).
         rates: link rates (bit/s) to time the wire on (default: the plan's); loopback always.
         repeats: timed repetitions per collective size.
+        link_decisions: decisions of each entry's short episode on each shaped link (after
+            a first one, left out as the ranks' warm-up); 0: none (no host cost per link).
+        link_decision_limit_s: entries whose composed decision on a link takes longer than
+            this (s) are not run there (the dense entries on a slow link, whose time the wire
+            model carries within ~5 %).
         progress: ``progress(description, total) -> context manager yielding advance``
             (:func:`commgym.experiments.progress.phase`); ``None``: silent.
 
@@ -359,7 +377,14 @@ def calibrate_sim(
     entries = [str(menu.decode(np.array(a))) for a in np.ndindex(*tuple(int(n) for n in menu.nvec))]
     if rates is None:
         rates = sorted({int(s.rate_bit_s) for s in env_cfg.network_plan.specs})
-    units = len(entries) * len(seeds) + switch_episodes + len(rates) + 1 + 1
+    if (
+        not isinstance(link_decisions, int)
+        or isinstance(link_decisions, bool)
+        or link_decisions < 0
+    ):
+        raise ValueError(f"link_decisions must be an integer >= 0, got {link_decisions!r}")
+    link_units = len(entries) * len(rates) if link_decisions else 0
+    units = len(entries) * len(seeds) + switch_episodes + len(rates) + 1 + 1 + link_units
     ctx = progress("calibrating the simulator on real ranks", units) if progress else None
     with ctx if ctx is not None else contextlib.nullcontext(lambda *_: None) as advance:
         codec = {
@@ -436,36 +461,98 @@ def calibrate_sim(
             )
         switch_fit = fit_switch_penalties(curves, switch_eps, target)
         advance()
-    acc_rows = sorted(r for r in acc_rows if np.isfinite(r[0]) and np.isfinite(r[1]))
-    cal = Calibration(
-        key=workload_key(env_cfg),
-        menu=menu.to_dict(),
-        num_params=int(num_params),
-        param_shapes=shapes,
-        optimizer_state_bytes=int(4 * num_params * opt_buffers),
-        target_loss=float(target),
-        entries=ents,
-        codec=codec,
-        wire=wire,
-        switch_penalty=switch_fit["penalty"],
-        switch_penalties=switch_fit["penalties"],
-        switch_costs=switch_costs_of(switch_fit),
-        switch_fit=switch_fit,
-        switch_episodes=[[list(e), list(ls)] for e, ls in switch_eps],
-        eval_acc=acc_rows,
-        meta={
-            "real_s": time.perf_counter() - t_start,
-            "real_decisions": decisions,
-            "seeds": list(seeds),
-            "switch_episodes": switch_episodes,
-            "rates_bit_s": list(rates),
-            "wire_samples": [list(r) for r in rows],
-            "load_before": list(load_before),
-            "load_after": list(os.getloadavg()),
-            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "commit": _git_commit(),
-            "host_cpus": os.cpu_count(),
-        },
-    )
+        acc_rows = sorted(r for r in acc_rows if np.isfinite(r[0]) and np.isfinite(r[1]))
+        cal = Calibration(
+            key=workload_key(env_cfg),
+            menu=menu.to_dict(),
+            num_params=int(num_params),
+            param_shapes=shapes,
+            optimizer_state_bytes=int(4 * num_params * opt_buffers),
+            target_loss=float(target),
+            entries=ents,
+            codec=codec,
+            wire=wire,
+            switch_penalty=switch_fit["penalty"],
+            switch_penalties=switch_fit["penalties"],
+            switch_costs=switch_costs_of(switch_fit),
+            switch_fit=switch_fit,
+            switch_episodes=[[list(e), list(ls)] for e, ls in switch_eps],
+            eval_acc=acc_rows,
+            meta={
+                "real_s": time.perf_counter() - t_start,
+                "real_decisions": decisions,
+                "seeds": list(seeds),
+                "switch_episodes": switch_episodes,
+                "rates_bit_s": list(rates),
+                "wire_samples": [list(r) for r in rows],
+                "load_before": list(load_before),
+                "load_after": list(os.getloadavg()),
+                "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                "commit": _git_commit(),
+                "host_cpus": os.cpu_count(),
+            },
+        )
+        if link_decisions:
+            link_train, n = _link_decisions(
+                cal, real, rates, link_decisions, link_decision_limit_s, advance
+            )
+            cal.link_train_s = link_train
+            decisions += n
+            cal.meta["real_decisions"] = decisions
+            cal.meta["link_decisions"] = link_decisions
+        cal.meta["real_s"] = time.perf_counter() - t_start
+        cal.meta["load_after"] = list(os.getloadavg())
     cal.save(out)
     return cal
+
+
+def _link_decisions(
+    cal: Any,
+    real: Any,
+    rates: Sequence[int],
+    decisions: int,
+    limit_s: float,
+    advance: Callable[..., Any],
+) -> tuple[dict[str, dict[str, float]], int]:
+    """Step 5 of the module docstring: each entry's median decision time on each link.
+
+    Args:
+        cal: the calibration so far (its composed times choose the entries run).
+        real: the unshaped episodes' ``EnvConfig`` (its network is replaced per link).
+        rates: the shaped links, bit/s.
+        decisions: decisions kept per entry and link (one more runs first).
+        limit_s: the composed decision time above which an entry is not run on a link, s.
+        advance: the progress bar's step (once per entry and link, run or not).
+
+    Returns:
+        ``({str(rate): {entry: median s}}, real decisions run)``.
+    """
+    import dataclasses
+
+    from commgym.agents.baselines import StaticAgent
+    from commgym.agents.rollout import rollout
+    from commgym.env import AllReduceEnv
+    from commgym.env.net import NetworkSpec
+    from commgym.env.sim.model import SimModel
+
+    model = SimModel(cal, real.menu, real.steps_per_decision)
+    out: dict[str, dict[str, float]] = {}
+    total = 0
+    for rate in rates:
+        composed = model.timings(rate)
+        cfg = dataclasses.replace(
+            real, network=str(NetworkSpec(int(rate))), max_decisions=decisions + 1
+        )
+        env = AllReduceEnv(cfg)
+        try:
+            for k, entry in enumerate(model.entries):
+                if composed[k].train_s <= limit_s:
+                    ep = rollout(env, StaticAgent(env, preset=entry), LINK_SEED)
+                    total += ep.decisions
+                    times = [s.measured.train_time_s - s.measured.probe_s for s in ep.steps[1:]]
+                    if times:
+                        out.setdefault(str(int(rate)), {})[entry] = float(np.median(times))
+                advance()
+        finally:
+            env.close()
+    return out, total

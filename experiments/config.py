@@ -79,7 +79,7 @@ class RunConfig:
             (``env_kind="sim"``; the schedule's keys need a link schedule): the keyword arguments
             of :class:`~commgym.env.sim.randomize.RandomizedConditions`, e.g.
             ``{length_jitter: 0.4, rate_swap: 0.1}``, with the decisions' timing randomised
-            too by ``compute_scale: [lo, hi]`` and ``timing_noise``; ``None``: the
+            too by ``compute_scale: [lo, hi]``, ``timing_noise`` and ``probe_noise``; ``None``: the
             scenario's own schedule.
             Evaluation and the sim-to-real gap use the scenario as it is.
         sim_warm_start: behaviour cloning before RL in the simulator (``env_kind="sim"``,
@@ -282,12 +282,14 @@ class RunConfig:
                 f"env_kind is {self.env_kind!r} (set env_kind: sim, or drop sim_randomize)"
             )
         kind = self.env_config.network_plan.kind
-        timing = r.get("compute_scale") is not None or bool(r.get("timing_noise"))
+        timing = r.get("compute_scale") is not None or bool(
+            r.get("timing_noise") or r.get("probe_noise")
+        )
         if kind != "schedule" and not timing:
             raise ValueError(
                 "sim_randomize redraws a link schedule or the decisions' timing; this "
                 f"scenario's network is {kind!r}, which has no schedule (give env.network a "
-                "schedule, set compute_scale or timing_noise, or drop sim_randomize)"
+                "schedule, set compute_scale, timing_noise or probe_noise, or drop sim_randomize)"
             )
 
     def _check_sim_warm_start(self) -> None:

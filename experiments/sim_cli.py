@@ -34,6 +34,11 @@ CALIBRATE_OPTIONS = {
         "Random-switch episodes (the switch penalties' fit; default 8).", min=0
     ),
     "rates": CliField("Comma-separated link rates to time the wire on (default: the plan's)."),
+    "link_decisions": CliField(
+        "Decisions of each entry's short episode on each shaped link, whose median time the "
+        "simulator takes there (default 10; 0: none, the composed time alone).",
+        min=0,
+    ),
     "refit_switches": CliField(
         "Refit the switch model of this calibration from the switch episodes it kept and "
         "write it to --out; no ranks run (a calibration from before a newer switch form)."
@@ -95,6 +100,7 @@ def register(app: typer.Typer) -> None:
         budget_s: float = 60.0,
         switch_episodes: int | None = None,
         rates: str | None = None,
+        link_decisions: int | None = None,
         refit_switches: str | None = None,
     ) -> None:
         """Measure the simulator's parts on real ranks (one calibration per workload setting)."""
@@ -131,6 +137,7 @@ def register(app: typer.Typer) -> None:
                 rates=None if rates is None else [
                     NetworkSpec.parse(r).rate_bit_s for r in comma_list(rates)
                 ],
+                **({} if link_decisions is None else {"link_decisions": link_decisions}),
                 progress=phase,
             )  # fmt: skip
         except (ValueError, FileNotFoundError, RuntimeError) as err:

@@ -122,6 +122,11 @@ class Calibration:
         switch_episodes: the random-switch episodes it was fitted on, ``[entries played,
             held-out losses]`` each (``losses[0]`` the reset's), so a fit can be redone.
         eval_acc: ``[[loss, accuracy], ...]`` sorted by loss (the accuracy read-out).
+        link_train_s: ``str(rate bit/s)`` -> entry -> median decision time without the probe
+            measured on that emulated link, s (short static episodes; entries too slow there
+            are left out). Where present, :class:`~commgym.env.sim.model.SimModel` adds the
+            difference from its composed time as the entry's host cost on that link (empty
+            in calibrations before it: the composed time alone).
         meta: cost (``real_s``, ``real_decisions``), load, date, commit, seeds.
         version: :data:`CALIBRATION_VERSION`.
     """
@@ -141,6 +146,7 @@ class Calibration:
     switch_fit: dict[str, Any] = field(default_factory=dict)
     switch_episodes: list[list[list[Any]]] = field(default_factory=list)
     eval_acc: list[list[float]] = field(default_factory=list)
+    link_train_s: dict[str, dict[str, float]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     version: int = CALIBRATION_VERSION
 
@@ -163,6 +169,7 @@ class Calibration:
             "switch_fit": _json_safe(self.switch_fit),
             "switch_episodes": [[list(e), list(ls)] for e, ls in self.switch_episodes],
             "eval_acc": self.eval_acc,
+            "link_train_s": {r: dict(v) for r, v in self.link_train_s.items()},
             "meta": self.meta,
         }
 
@@ -196,6 +203,10 @@ class Calibration:
             switch_fit=dict(d.get("switch_fit", {"rms": d.get("switch_rms")})),
             switch_episodes=[[list(e), list(ls)] for e, ls in d.get("switch_episodes", [])],
             eval_acc=[list(x) for x in d.get("eval_acc", [])],
+            link_train_s={
+                str(r): {e: float(t) for e, t in v.items()}
+                for r, v in d.get("link_train_s", {}).items()
+            },
             meta=dict(d.get("meta", {})),
         )
 

@@ -74,7 +74,13 @@ class SimEnv(gym.Env):
     reason. With :attr:`compute_scale` ``s`` and :attr:`timing_noise` ``sigma``, each
     decision's time off the wire (compute, codec, optimizer) is multiplied by
     ``s * exp(sigma * z - sigma**2 / 2)``, ``z ~ N(0, 1)`` drawn from the env's generator
-    (mean ``s``); wire, switch and probe times are unchanged.
+    (mean ``s``); wire, switch and probe times are unchanged. With :attr:`probe_noise`
+    ``sigma_p`` the probe's time is multiplied by ``exp(sigma_p * z' - sigma_p**2 / 2)`` at
+    each decision (its own draw, mean unchanged): the real probe's 64 KiB all-reduce spreads
+    with the ranks' arrival on a loaded machine, most on a fast link where it is
+    latency-bound (record 2026-12-06_085551_train-flaky-link-clock: 1.6-21.3 ms, natural-log
+    s.d. 0.50, on 10 Gbit/s; 74.6-84.4 ms, 0.03, on 10 Mbit/s). The spread is applied to
+    every link alike: a fast link's spread is the one a reader of the probe must survive.
 
     Refused (``ValueError``, by :meth:`Calibration.check`): another workload setting, menu
     entries never calibrated, a target below the calibrated curves, straggler jitter, cross
@@ -136,6 +142,8 @@ class SimEnv(gym.Env):
         self.compute_scale = 1.0
         #: log-normal spread of that factor from decision to decision (0.0: none)
         self.timing_noise = 0.0
+        #: log-normal spread of the probe's time from decision to decision (0.0: none)
+        self.probe_noise = 0.0
         self._needs_reset = True
 
     # -- gymnasium API ---------------------------------------------------------------
@@ -215,7 +223,11 @@ class SimEnv(gym.Env):
         if f != 1.0:  # scale the time off the wire only (the link's is the link's)
             wire = tm.rounds * tm.exchange_s
             train_s = max(tm.train_s - wire, 0.0) * f + wire
-        train_t = train_s + extra + self._probe_s
+        probe_s = self._probe_s
+        if self.probe_noise > 0.0 and probe_s > 0.0:
+            sd = self.probe_noise
+            probe_s *= math.exp(sd * float(self.np_random.standard_normal()) - 0.5 * sd * sd)
+        train_t = train_s + extra + probe_s
         prev = self._eval_loss
         eval_loss = model.next_loss(k, prev, prev_k, self._switched)
         ent = self._ent[k]
@@ -239,7 +251,7 @@ class SimEnv(gym.Env):
             nonfinite=False,
             samples=self._samples,
             steps=steps,
-            probe_s=self._probe_s,
+            probe_s=probe_s,
             probe_bytes=self._probe_bytes,
         )
         info_cond = self._label

@@ -11,17 +11,23 @@ a link of rate ``R`` (``None``: unshaped loopback)::
     base(e)      = (train_loop(e) - rounds(e) * (codec(e) + exchange(e, None))) / K
     decision(e,R) = train_loop(e) + rounds(e) (exchange(e, R) - exchange(e, None))
                   = K base(e) + rounds(e) (codec(e) + exchange(e, R))
-                    [+ probe(R)]  [+ switch(prev -> e, R)]
+                  [+ host(e,R)]  [+ probe(R)]  [+ switch(prev -> e, R)]
 
 ``train_loop`` is measured on the ranks (unshaped, this world size and thread count),
 ``codec`` and the payload per round by the kernels, ``exchange`` is the fitted wire
-model. ``base`` is what remains per step: forward, backward, optimizer step, data, the
-host's share; it is reported next to the ranks' own ``compute_s``. With one bucket the
-exchange starts when backward ends, so it overlaps nothing; the loopback overlap the ranks
-measured stays inside ``train_loop``. ``switch`` is the optimizer state's all-reduce when a
-local-SGD period switches to 1 (:meth:`GradientSynchronizer.reconfigure`), on the link in
-force. The iteration walls (for ``step_time_s``, the median) put each exchange in the
-iteration that issues it.
+model. ``host(e,R)`` is what the emulated link adds to the entry's decision beyond its wire
+model, measured where the calibration ran the entry on that link
+(``Calibration.link_train_s``: the measured median minus the composed time; 0 elsewhere, a
+rate never recorded included): on the 10 Gbit/s link the sparse entries' decisions took
+20-26 % longer than composed (docs/simulator.md), a host cost of the emulated path
+(namespaces, veth, the token bucket's per-packet work) that the all-gather's latency fit
+does not carry. It is spread over the decision's iterations. ``base`` is what remains per
+step: forward, backward, optimizer step, data, the host's share; it is reported next to the
+ranks' own ``compute_s``. With one bucket the exchange starts when backward ends, so it
+overlaps nothing; the loopback overlap the ranks measured stays inside ``train_loop``.
+``switch`` is the optimizer state's all-reduce when a local-SGD period switches to 1
+(:meth:`GradientSynchronizer.reconfigure`), on the link in force. The iteration walls (for
+``step_time_s``, the median) put each exchange in the iteration that issues it.
 
 Learning progress is :class:`~commgym.env.sim.progress.ProgressModel` (link-independent).
 """
@@ -152,6 +158,7 @@ class SimModel:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        link_train = {} if key is None else self.cal.link_train_s.get(str(key), {})
         out = []
         for e, spec, h, rounds in zip(
             self.entries, self.specs, self.periods, self.rounds, strict=True
@@ -165,6 +172,10 @@ class SimModel:
             # wire's difference, so the decomposition sums back exactly on loopback
             base = max((ent.train_s - rounds * (codec + ex_loop)) / self.k, 0.0)
             train = max(ent.train_s + rounds * (ex - ex_loop), 0.0)
+            measured = link_train.get(e)
+            if measured is not None:  # the link's host cost, spread over the iterations
+                base = max(base + (measured - train) / self.k, 0.0)
+                train = measured
             if h == 1:
                 walls = [base + codec + ex] * self.k
             else:

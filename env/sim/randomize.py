@@ -16,7 +16,10 @@ episode's :attr:`~commgym.env.sim.SimEnv.compute_scale` from ``U(lo, hi)`` (a ma
 loaded as the real ranks' may be) and ``timing_noise`` sets the per-decision spread
 (:attr:`~commgym.env.sim.SimEnv.timing_noise`), so a policy that reads the link from its
 own decisions' timing cannot rely on the calibration's exact times (Pensieve's simulator:
-each delay times ``U(0.9, 1.1)``).
+each delay times ``U(0.9, 1.1)``); ``probe_noise`` spreads the probe's readings as the real
+ranks' spread (0.50 natural-log s.d. on flaky-link's fast link, 0.03 on its slow one: record
+2026-12-06_085551_train-flaky-link-clock), so a policy reading the probe meets readings
+that stray from the link's level.
 
 The draw uses the wrapper's own generator, seeded by the first ``reset(seed=...)``, so a
 training run is reproducible. Each reset rewrites the wrapped env's ``config`` (its network),
@@ -41,6 +44,7 @@ def check_randomization(
     rate_swap: float | None = None,
     compute_scale: tuple[float, float] | list[float] | None = None,
     timing_noise: float | None = None,
+    probe_noise: float | None = None,
 ) -> tuple[float, float] | None:
     """Check :class:`RandomizedConditions`' settings (its Args; ``None``: not given).
 
@@ -59,6 +63,7 @@ def check_randomization(
         "length_jitter": (length_jitter, lambda x: 0.0 <= x < 1.0, "in [0, 1)"),
         "rate_swap": (rate_swap, lambda x: 0.0 <= x <= 1.0, "in [0, 1]"),
         "timing_noise": (timing_noise, lambda x: x >= 0.0, ">= 0"),
+        "probe_noise": (probe_noise, lambda x: x >= 0.0, ">= 0"),
     }
     for name, (v, inside, what) in ranges.items():
         if v is None:
@@ -92,6 +97,8 @@ class RandomizedConditions(gym.Wrapper):
         compute_scale: ``(lo, hi)``, ``0 < lo <= hi``: the range of each episode's factor
             on the time off the wire; ``None``: the calibration's times (factor 1).
         timing_noise: per-decision log-normal spread of that factor, ``>= 0`` (0: none).
+        probe_noise: per-decision log-normal spread of the probe's time
+            (:attr:`~commgym.env.sim.SimEnv.probe_noise`), ``>= 0`` (0: none).
 
     Raises:
         ValueError: ``length_jitter`` outside ``[0, 1)``, ``rate_swap`` outside
@@ -108,25 +115,28 @@ class RandomizedConditions(gym.Wrapper):
         rate_swap: float = 0.1,
         compute_scale: tuple[float, float] | list[float] | None = None,
         timing_noise: float = 0.0,
+        probe_noise: float = 0.0,
     ):
         super().__init__(env)
         compute_scale = check_randomization(
             length_jitter=length_jitter, rate_swap=rate_swap, compute_scale=compute_scale,
-            timing_noise=timing_noise,
+            timing_noise=timing_noise, probe_noise=probe_noise,
         )  # fmt: skip
         cfg = env.unwrapped.config
         plan = cfg.network_plan
-        if plan.kind != "schedule" and compute_scale is None and not timing_noise:
+        timing = compute_scale is not None or timing_noise or probe_noise
+        if plan.kind != "schedule" and not timing:
             raise ValueError(
                 f"RandomizedConditions varies a link schedule or the decisions' timing; this "
                 f"env's network is {plan.kind!r} ({cfg.network!r}), which has no schedule, "
-                "and neither compute_scale nor timing_noise is set"
+                "and neither compute_scale nor timing_noise nor probe_noise is set"
             )
         self.base = cfg
         self.length_jitter = float(length_jitter)
         self.rate_swap = float(rate_swap)
         self.compute_scale = compute_scale
         self.timing_noise = float(timing_noise)
+        self.probe_noise = float(probe_noise)
         self._rng: np.random.Generator | None = None
         #: the schedule of the running episode, ``[[start_s, spec], ...]``
         self.schedule: list[list[Any]] = []
@@ -158,4 +168,5 @@ class RandomizedConditions(gym.Wrapper):
         if self.compute_scale is not None:
             sim.compute_scale = float(self._rng.uniform(*self.compute_scale))
         sim.timing_noise = self.timing_noise
+        sim.probe_noise = self.probe_noise
         return self.env.reset(seed=seed, options=options)

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import warnings
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
 from commgym.agents import load_agent, make_agent, rollout
-from commgym.agents.features import LINK_CLOCK_FIELDS, LinkClock, LinkClockWrapper
+from commgym.agents.features import LINK_CLOCK_FIELDS, LinkClock, LinkClockWrapper, probe_levels
 from commgym.agents.sb3 import _push
 from commgym.env.sim import SimEnv
-from commgym.env.spaces import OBSERVATION_FIELDS
+from commgym.env.spaces import OBSERVATION_FIELDS, probe_gbps
 from tests.env.test_sim import _calibration, _env_cfg
 
 FIELD = {f.name: i for i, f in enumerate(OBSERVATION_FIELDS)}
@@ -50,6 +51,51 @@ def test_the_clock_times_each_link_and_remembers_how_long_it_held():
             LinkClock(bad)
 
 
+def _reading(probe_ms: float) -> float:
+    """The observation's log10_probe_gbps for a 64 KiB probe on 4 ranks taking ``probe_ms``."""
+    return float(np.log10(probe_gbps(65536, probe_ms / 1e3, 4)))
+
+
+#: probe times (ms) the real ranks read (record 2026-12-06_085551_train-flaky-link-clock):
+#: on 10 Gbit/s 1.6-21.3 ms around a median of 6.8, on 10 Mbit/s 74.6-84.4 ms
+REAL_FAST = [1.6, 6.8, 21.3, 2.7, 13.9, 6.0]
+REAL_SLOW = [74.6, 84.4, 80.7]
+
+
+def test_with_levels_a_reading_s_spread_on_one_link_is_no_change():
+    """The real probe's spread on the fast link (1.1 decades) is no link change when each
+    reading belongs to its nearest level; the move rule from one reading cannot tell."""
+    levels = [_reading(80.0), _reading(7.7)]  # the calibration's modelled probe, both links
+    clock = LinkClock(levels=levels)
+    trace = [(ms, 0.01 * i) for i, ms in enumerate(REAL_FAST + REAL_SLOW + REAL_FAST)]
+    for ms, t in trace:
+        got = clock.update(_obs(_reading(ms), t))
+    assert clock.changes == 2  # fast -> slow -> fast, and nothing else
+    np.testing.assert_allclose(got, [0.05, 0.06, 2 / 8], atol=1e-6)  # fast held 0.06 last time
+    # the move rule: a phase opened by 1.6 ms takes 6.8 ms (0.63 decades) for a new link
+    moves = LinkClock()
+    for ms, t in trace:
+        moves.update(_obs(_reading(ms), t))
+    assert moves.changes > 2
+    for bad in ([], [1.0, float("inf")], "1.0", [True]):
+        with pytest.raises(ValueError, match="levels must be a non-empty list of finite"):
+            LinkClock(levels=bad)
+
+
+def test_probe_levels_are_the_calibrated_probe_on_each_link(env):
+    levels = probe_levels(env)
+    model, cfg = env.model, env.config
+    want = sorted(
+        float(np.log10(probe_gbps(65536, model.probe_s(65536, r), 4))) for r in (10**7, 10**10)
+    )
+    np.testing.assert_allclose(levels, want, atol=1e-6)
+    assert levels[1] - levels[0] > 1.0  # the fixture's two links, far apart
+    assert len(probe_levels(env, merge_decades=10.0)) == 1  # closer than merge_decades: one
+    assert cfg.probe_bytes == 65536
+    with pytest.raises(ValueError, match="is not commgym/Sim-v1"):
+        probe_levels(gym.Env())
+
+
 def _sim() -> SimEnv:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # 10 Gbit/s is interpolated in this calibration
@@ -83,6 +129,7 @@ def test_predict_appends_the_features_the_wrapper_learned_on(env):
         mine = _push(mine, row, 2, np.array([False]))
     assert learned.shape == (1, 2 * (len(OBSERVATION_FIELDS) + len(LINK_CLOCK_FIELDS)))
     assert changes == 2 / 8  # to 10 Mbit/s and back
+    assert agent.link_clock == {"change_decades": 0.5, "levels": probe_levels(env)}
 
 
 def test_a_policy_with_a_clock_saves_loads_and_acts_alike(env, tmp_path):
@@ -94,9 +141,8 @@ def test_a_policy_with_a_clock_saves_loads_and_acts_alike(env, tmp_path):
     first = rollout(env, agent, 11, target_loss=0.2)
     path = agent.save(tmp_path / "ppo")
     for loaded in (load_agent(path, env=env), load_agent(path)):  # predict-only without env
-        assert loaded.link_clock == 0.4 and loaded.hyperparams["link_clock"] == {
-            "change_decades": 0.4
-        }
+        assert loaded.link_clock == {"change_decades": 0.4}
+        assert loaded.hyperparams["link_clock"] == {"change_decades": 0.4}
         again = rollout(env, loaded, 11, target_loss=0.2)
         assert [s.config for s in again.steps] == [s.config for s in first.steps]
     # two rows keep a clock each; the clocks ride outermost in the state
@@ -110,8 +156,11 @@ def test_a_clock_that_would_read_nothing_is_refused(env):
         make_agent("ppo", env, link_clock=True, probe=False)
     with pytest.raises(ValueError, match=r"link_clock reads \['elapsed_frac'\]"):
         make_agent("ppo", env, link_clock=True, obs_fields=["log10_probe_gbps", "eval_loss"])
-    with pytest.raises(ValueError, match="link_clock must be true, false or"):
-        make_agent("ppo", env, link_clock={"decades": 1})
+    for bad in ({"decades": 1}, {}, 0.5):
+        with pytest.raises(ValueError, match=r"link_clock must be true, false, \{'levels'"):
+            make_agent("ppo", env, link_clock=bad)
+    with pytest.raises(ValueError, match="levels must be a non-empty list"):
+        make_agent("ppo", env, link_clock={"levels": []})
     with pytest.raises(ValueError, match="change_decades must be a finite number > 0"):
         make_agent("ppo", env, link_clock={"change_decades": 0})
     with pytest.raises(ValueError, match="commgym's observation layout"):

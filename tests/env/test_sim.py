@@ -352,6 +352,68 @@ def test_probe_option_as_the_real_env():
     )
 
 
+def test_a_measured_link_time_replaces_the_composed_one_on_that_link_only():
+    """``Calibration.link_train_s``: the entry's measured decision time on a link is the
+    simulator's there (the host cost spread over its iterations); other links and other
+    entries keep the composed time."""
+    import dataclasses
+
+    from commgym.env.sim.model import SimModel
+
+    cal = _calibration()
+    cfg = _env_cfg(network="10mbit")
+    plain = SimModel(cal, cfg.menu, cfg.steps_per_decision)
+    k = plain.entries.index("none/25MB/H1")
+    composed = plain.timings(10e6)[k]
+    measured = composed.train_s + 0.2
+    cal2 = dataclasses.replace(cal, link_train_s={"10000000": {"none/25MB/H1": measured}})
+    model = SimModel(cal2, cfg.menu, cfg.steps_per_decision)
+    got = model.timings(10e6)[k]
+    assert got.train_s == pytest.approx(measured)
+    assert got.step_s == pytest.approx(composed.step_s + 0.2 / cfg.steps_per_decision)
+    assert got.exchange_s == composed.exchange_s  # the wire is the wire model's
+    for j in range(len(model.entries)):
+        assert model.timings(None)[j] == plain.timings(None)[j]  # loopback unchanged
+        if j != k:
+            assert model.timings(10e6)[j] == plain.timings(10e6)[j]
+    env = SimEnv(cal2, cfg)
+    env.reset(seed=0)
+    a = np.unravel_index(k, env.menu.nvec)
+    assert env.step(np.array(a))[4]["measured"]["train_time_s"] == pytest.approx(measured)
+
+
+def test_probe_noise_spreads_the_probe_s_time_and_its_reading_only():
+    """probe_noise multiplies the probe's time by a mean-1 log-normal per decision: the
+    decision's time moves by exactly the probe's change, the observation's reading with it."""
+    from commgym.env.sim.randomize import RandomizedConditions
+
+    cfg = _env_cfg(network="10mbit", probe_bytes=65536)
+    env = SimEnv(_calibration(), cfg)
+    base = env.model.probe_s(65536, 10e6)
+
+    def first(noise, seed):
+        env.probe_noise = noise
+        env.reset(seed=seed)
+        m = env.step(np.array([0, 0, 0]))[4]["measured"]
+        return m["probe_s"], m["train_time_s"]
+
+    plain_probe, plain_t = first(0.0, 0)
+    assert plain_probe == pytest.approx(base, rel=1e-12)  # off by default
+    draws = [first(0.5, seed) for seed in range(300)]
+    probes = np.array([p for p, _ in draws])
+    np.testing.assert_allclose([t - p for p, t in draws], plain_t - plain_probe, rtol=1e-9)
+    # log-normal, sigma 0.5, mean 1: 300 draws' log s.d. and mean within sampling error
+    assert 0.42 < np.log(probes / base).std() < 0.58
+    assert abs(probes.mean() / base - 1.0) < 4 * math.sqrt(math.exp(0.25) - 1) / math.sqrt(300)
+    sched = _env_cfg(network={"schedule": [[0, "10gbit"], [4, "10mbit"]], "shift_s": 0.5})
+    with pytest.warns(UserWarning, match="never recorded"):
+        wrapped = RandomizedConditions(SimEnv(_calibration(), sched), probe_noise=0.5)
+    wrapped.reset(seed=1)
+    assert wrapped.unwrapped.probe_noise == 0.5
+    fixed = _env_cfg(network="10mbit", probe_bytes=65536)
+    RandomizedConditions(SimEnv(_calibration(), fixed), probe_noise=0.5)  # a fixed link: fine
+
+
 def test_timing_randomisation_scales_the_time_off_the_wire_only():
     """compute_scale multiplies compute and codec, never the wire; timing_noise spreads it
     per decision from the env's own generator (reproducible by seed); off by default."""
@@ -395,6 +457,7 @@ def test_timing_randomisation_scales_the_time_off_the_wire_only():
         assert wrapped.unwrapped.timing_noise == 0.1
     assert len(scales) == 5
     for bad, match in [
+        ({"probe_noise": -1}, "probe_noise must be >= 0, got -1"),
         ({"compute_scale": [1.7, 0.9]}, "compute_scale must be \\[lo, hi\\]"),
         ({"compute_scale": 1.2}, "compute_scale must be"),
         ({"timing_noise": -0.1}, "timing_noise must be >= 0, got -0.1"),

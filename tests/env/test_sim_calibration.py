@@ -87,3 +87,38 @@ def test_refit_switches_refits_from_the_kept_episodes_without_ranks(calibrated, 
     assert res.exit_code == 2 and "needs --out" in res.output
     with pytest.raises(ValueError, match="no random-switch episodes"):
         refit_switches(dataclasses.replace(cal, switch_episodes=[]))
+
+
+def test_link_decisions_measure_each_entry_on_a_shaped_link(calibrated):
+    """Step 5 of calibrate-sim: a short static episode per entry on an emulated link; its
+    median decision time replaces the composed one there, and loopback is unchanged."""
+    import dataclasses
+
+    from commgym.env import EnvConfig
+    from commgym.env.net import netem_available
+    from commgym.env.sim.model import SimModel
+    from commgym.experiments.calibrate_sim import _link_decisions
+
+    ok, why = netem_available()
+    if not ok:
+        pytest.skip(f"network emulation unavailable here: {why}")
+    cfg, _, cal = calibrated
+    real = EnvConfig(**{**cfg.to_dict(), "probe_bytes": 0, "network": None})
+    composed = SimModel(cal, cfg.menu, cfg.steps_per_decision).timings(10**9)
+    ticks = []
+    # every entry but the slowest composed one is run (the limit leaves that one out)
+    limit = sorted(t.train_s for t in composed)[-2]
+    measured, n = _link_decisions(cal, real, [10**9], 2, limit, lambda: ticks.append(1))
+    assert len(ticks) == len(composed)  # one tick per entry, run or not
+    ran = measured["1000000000"]
+    slowest = max(range(len(composed)), key=lambda k: composed[k].train_s)
+    entries = SimModel(cal, cfg.menu, cfg.steps_per_decision).entries
+    assert set(ran) == set(entries) - {entries[slowest]}
+    assert n == 3 * len(ran)  # 2 kept + the first, left out, per entry
+    with_link = dataclasses.replace(cal, link_train_s=measured)
+    model = SimModel(with_link, cfg.menu, cfg.steps_per_decision)
+    for k, e in enumerate(model.entries):
+        want = ran.get(e, composed[k].train_s)
+        assert model.timings(10**9)[k].train_s == pytest.approx(want)
+        assert model.timings(None)[k].train_s == pytest.approx(cal.entries[e].train_s)
+    assert Calibration.from_dict(with_link.to_dict()).link_train_s == measured
