@@ -223,3 +223,24 @@ def test_a_constant_player_faster_than_oracle_static_invalidates_the_headroom():
     assert beaten[0]["config"] == "powersgd:2/25MB/H2" and beaten[0]["p_value"] < 0.05
     assert static_oracle_beaten([static, slower], actions, static) == []
     assert static_oracle_beaten([constant], actions, None) == []
+
+
+def test_t_static_is_the_best_run_of_oracle_static_s_near_tied_entries():
+    """A non-oracle player that played one of oracle-static's near-tied entries throughout
+    ran that entry again: the faster of the runs is T_static (it can only lower h and C)."""
+    from commgym.experiments.leaderboard_report import constant_config, t_static_player
+
+    means = {"oracle-static": 10.4, "best-static": 10.0, "bandit": 9.0, "oracle-adaptive": 7.2}
+    roles = {"oracle-static": "oracle", "oracle-adaptive": "oracle", "best-static": "baseline",
+             "bandit": "baseline"}  # fmt: skip
+    constants = {"best-static": "powersgd:2/25MB/H2", "bandit": "topk:0.01/25MB/H1",
+                 "oracle-adaptive": "powersgd:2/25MB/H2"}  # fmt: skip
+    tied = {"powersgd:2/25MB/H2", "powersgd:2/25MB/H1"}
+    assert t_static_player(means, constants, roles, tied) == "best-static"
+    # a faster constant player of an entry outside the near-tied ones is no re-run of them
+    assert t_static_player({**means, "best-static": 10.6}, constants, roles, tied) == (
+        "oracle-static"
+    )
+    assert constant_config({"a": ("x", 1.0, 3, 0.0), "b": ("x", 1.0, 2, 0.0)}) == "x"
+    assert constant_config({"a": ("x", 1.0, 3, 0.0), "b": ("y", 1.0, 2, 0.0)}) is None
+    assert constant_config({"a": ("x", 0.9, 3, 0.5)}) is None
