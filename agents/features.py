@@ -27,7 +27,10 @@ link a reading shows is decided one of two ways:
   the phase, and one low reading there made every later one a "change" (57 changes seen for
   18 on that record).
 
-:class:`LinkClock` is the one place the features are computed: :class:`LinkClockWrapper`
+:class:`FilterClock` gives the same features from the link history of the model-predictive
+agent reading its own timing, so a policy can run without the probe.
+
+:class:`LinkClock` is the one place the probe's features are computed: :class:`LinkClockWrapper`
 appends them while a policy learns (per env, under SB3's frame stack and normaliser) and
 :meth:`commgym.agents.sb3.SB3Agent.predict` appends them while it acts, from the same
 state.
@@ -36,6 +39,7 @@ state.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +50,7 @@ from commgym.env.spaces import OBSERVATION_FIELDS, ObservationField
 
 __all__ = [
     "LINK_CLOCK_FIELDS",
+    "FilterClock",
     "LinkClock",
     "LinkClockWrapper",
     "check_levels",
@@ -164,6 +169,55 @@ class LinkClock:
         return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)
 
 
+class FilterClock:
+    """:class:`LinkClock`'s features read from a link filter's history, probe-free.
+
+    The filter is the model-predictive agent reading the link from its decisions' own
+    timing (:class:`~commgym.agents.mpc.ModelPredictiveAgent` with ``link_from="timing"``:
+    a Bayesian filter over the calibrated links with a hazard and the dwells it learned).
+    It is stepped beside the policy, one ``predict`` per observation, and its history of
+    the link (since when the current link holds, its completed dwells, the changes) gives
+    the three features. The probe all-reduce then need not run at all: on real ranks its
+    readings spread over 1.1 decades on a fast link and it costs a decision's share on a
+    slow one, where the decision's own timing is measured anyway.
+
+    Args:
+        agent: the filter (an mpc agent reading ``"timing"``; its learned dwells set).
+        budget_s: the episode's training-time budget, s (the features' unit).
+    """
+
+    def __init__(self, agent: Any, budget_s: float) -> None:
+        self.agent = agent
+        self.budget_s = float(budget_s)
+        self.state: Any = None
+        self._first = True
+
+    def update(self, observation: np.ndarray) -> np.ndarray:
+        """Advance the filter by one observation and return the clock's features.
+
+        Args:
+            observation: one commgym observation ``(len(OBSERVATION_FIELDS),)``, unmasked.
+
+        Returns:
+            float32 ``(len(LINK_CLOCK_FIELDS),)``, as :meth:`LinkClock.update`'s.
+        """
+        _, self.state = self.agent.predict(
+            observation, self.state, episode_start=np.array([self._first])
+        )
+        self._first = False
+        st = self.state or {}
+        if "since_s" not in st:  # no reading of the link yet
+            return np.zeros(len(LINK_CLOCK_FIELDS), dtype=np.float32)
+        now = float(observation[_ELAPSED]) * self.budget_s
+        last = (st["dwells"].get(st["rate"]) or [0.0])[-1]
+        out = (
+            (now - st["since_s"]) / self.budget_s,
+            last / self.budget_s,
+            min(st["changes"] / _CHANGES_SCALE, 1.0),
+        )
+        return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)
+
+
 def check_levels(levels: Any) -> tuple[float, ...]:
     """``levels`` as a sorted tuple of floats; ``ValueError`` naming the value if it is not one."""
     ok = (
@@ -239,6 +293,8 @@ class LinkClockWrapper(gym.ObservationWrapper):
             :data:`~commgym.env.spaces.OBSERVATION_FIELDS`), or a wrapper of one.
         change_decades: :class:`LinkClock`'s threshold (without ``levels``).
         levels: :class:`LinkClock`'s links (log10 Gbit/s; ``None``: the threshold rule).
+        clock: makes each episode's clock instead (e.g. a :class:`FilterClock`); the two
+            settings above are then unused.
 
     Raises:
         ValueError: the env's observation is not commgym's layout.
@@ -249,6 +305,7 @@ class LinkClockWrapper(gym.ObservationWrapper):
         env: gym.Env,
         change_decades: float = 0.5,
         levels: list[float] | tuple[float, ...] | None = None,
+        clock: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__(env)
         shape = getattr(env.observation_space, "shape", None)
@@ -259,11 +316,12 @@ class LinkClockWrapper(gym.ObservationWrapper):
             )
         self.change_decades = change_decades
         self.levels = levels
-        self.clock = LinkClock(change_decades, levels)
+        self._make = clock if clock is not None else lambda: LinkClock(change_decades, levels)
+        self.clock = self._make()
         self.observation_space = clock_space(env.observation_space)
 
     def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:  # noqa: D102
-        self.clock = LinkClock(self.change_decades, self.levels)
+        self.clock = self._make()
         return super().reset(**kwargs)
 
     def observation(self, observation: np.ndarray) -> np.ndarray:

@@ -190,6 +190,13 @@ class SB3Agent(Agent):
             Gbit/s) or ``{"change_decades": x}`` choose. The resolved rule is saved with the
             policy, so it reads real ranks' probes as it read the simulator's. Needs the
             probe (``probe=True``) and the ``log10_probe_gbps`` and ``elapsed_frac`` fields.
+            ``{"reader": "mpc", "calibration": path, "learn_decisions": 300}``: the same
+            features from the link history of the model-predictive agent reading its own
+            timing (:class:`~commgym.agents.features.FilterClock`), probe-free; the filter
+            learns the dwells in the simulator (``learn_decisions`` decisions), is saved
+            with the policy and needs the env to load (``commgym train`` gives it the run's
+            calibration). The clock reads the whole observation; ``obs_fields`` masks
+            what the policy reads.
         **hyperparams: keyword arguments of the SB3 algorithm (``policy`` defaults to
             ``"MlpPolicy"``, ``device`` to ``"cpu"``); they override :attr:`defaults`.
 
@@ -198,8 +205,9 @@ class SB3Agent(Agent):
         ValueError: ``history`` is not an integer >= 1; ``normalize`` is not a bool or a dict
             of ``VecNormalize`` keyword arguments; ``obs_fields`` names a field that does
             not exist (the message lists them), or is given with a ``vec_env``;
-            ``link_clock`` is not a bool, ``{"levels": [...]}`` or ``{"change_decades": x}``
-            (or both), or is given without
+            ``link_clock`` is not a bool, ``{"levels": [...]}``, ``{"change_decades": x}``
+            (or both) or ``{"reader": "mpc", ...}`` with a calibration path, or a probe
+            clock is given without
             the probe, without the fields it reads or with a ``vec_env``.
     """
 
@@ -231,6 +239,7 @@ class SB3Agent(Agent):
         _check_clock_inputs(self.link_clock, self.reads_probe, self._mask)
         if self.link_clock is not None:  # saved as resolved: the file reads probes as learned
             self._hyperparams["link_clock"] = dict(self.link_clock)
+        self._clock_filter = _clock_filter(self.link_clock, env)
         self._gamma = float(kwargs.get("gamma", 0.99))
         self._norm: Any = None
         if vec_env is not None and not self.reads_probe:
@@ -266,12 +275,30 @@ class SB3Agent(Agent):
         appended when it has one.
         """
         env = env if self.reads_probe else _ProbeOff(env)
-        env = env if self._mask is None else _FieldMask(env, self._mask)
-        if self.link_clock is None:
-            return env
-        from commgym.agents.features import LinkClockWrapper
+        if self.link_clock is not None:  # the clock reads the whole observation
+            from commgym.agents.features import LinkClockWrapper
 
-        return LinkClockWrapper(env, **self.link_clock)
+            env = LinkClockWrapper(env, clock=self._new_clock)
+        return env if self._mask is None else _FieldMask(env, self._padded_mask())
+
+    def _padded_mask(self) -> np.ndarray:
+        """:attr:`_mask` over the observation the policy reads (the clock's fields read)."""
+        assert self._mask is not None
+        if self.link_clock is None:
+            return self._mask
+        from commgym.agents.features import LINK_CLOCK_FIELDS
+
+        ones = np.ones(len(LINK_CLOCK_FIELDS), dtype=np.float32)
+        return np.concatenate([self._mask, ones])
+
+    def _new_clock(self) -> Any:
+        """A new episode's link clock: the probe's, or mpc's filter's (``reader: mpc``)."""
+        from commgym.agents.features import FilterClock, LinkClock
+
+        assert self.link_clock is not None
+        if self.link_clock.get("reader") == "mpc":
+            return FilterClock(self._clock_filter, self._clock_filter.budget_s)
+        return LinkClock(**self.link_clock)
 
     def _stacked(self, venv: Any, frozen: bool = False) -> Any:
         """``venv`` with the last :attr:`history` observations stacked, then normalised.
@@ -324,12 +351,12 @@ class SB3Agent(Agent):
         deterministic: bool = True,
     ) -> tuple[np.ndarray, Any]:
         obs, batch = as_observations(observation, int(np.prod(self.observation_space.shape)))
-        if self._mask is not None:
-            obs = obs * self._mask
         clocks = None
         if self.link_clock is not None:  # the clocks ride in the state, outermost
             clocks, state = state if state is not None else (None, None)
             clocks, obs = self._clocked(clocks, obs, episode_start)
+        if self._mask is not None:
+            obs = obs * self._padded_mask()
         stack = None
         if self.history > 1:  # the observation stack rides in the state, as VecFrameStack's
             stack, state = state if state is not None else (None, None)
@@ -352,8 +379,6 @@ class SB3Agent(Agent):
         :class:`~commgym.agents.features.LinkClock`; the observations come back with the
         same shape but ``d + 3`` wide.
         """
-        from commgym.agents.features import LinkClock
-
         rows = obs.reshape(-1, obs.shape[-1])
         n = len(rows)
         starts = (
@@ -364,7 +389,7 @@ class SB3Agent(Agent):
         if clocks is None or len(clocks) != n:
             clocks = [None] * n
         clocks = [
-            LinkClock(**self.link_clock) if c is None or (i < len(starts) and starts[i]) else c
+            self._new_clock() if c is None or (i < len(starts) and starts[i]) else c
             for i, c in enumerate(clocks)
         ]
         extra = np.stack([c.update(r) for c, r in zip(clocks, rows, strict=True)])
@@ -684,6 +709,8 @@ class SB3Agent(Agent):
         state: dict[str, Any] = {"num_timesteps": int(self.model.num_timesteps)}
         if self._norm is not None:
             state["normalization"] = _rms_json(self._norm)
+        if self._clock_filter is not None:  # what the clock's filter learned of the links
+            state["clock_filter"] = self._clock_filter.get_state()
         meta = self._policy_json(state)
         with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as zf:
             zf.writestr(POLICY_JSON, json.dumps(meta, indent=1, allow_nan=False))
@@ -706,6 +733,9 @@ class SB3Agent(Agent):
         agent.reads_probe = _check_probe(hp.get("probe", True))
         agent._mask = _field_mask(hp.get("obs_fields"))
         agent.link_clock = _check_link_clock(hp.get("link_clock", False))
+        agent._clock_filter = _clock_filter(
+            agent.link_clock, env, meta.get("state", {}).get("clock_filter"), path
+        )
         agent._gamma = float(hp.get("gamma", 0.99))
         agent._norm = None
         saved_norm = meta.get("state", {}).get("normalization")
@@ -760,16 +790,37 @@ def _check_normalize(normalize: Any) -> dict[str, Any] | None:
     )
 
 
-def _check_link_clock(link_clock: Any) -> dict[str, Any] | None:
-    """``link_clock`` as :class:`~commgym.agents.features.LinkClock` keyword arguments.
+#: ``link_clock: {reader: mpc, ...}``'s keys (the others: the probe clock's).
+_FILTER_KEYS = {"reader", "calibration", "learn_decisions"}
 
-    ``None``: no clock; ``True``: the move rule at 0.5 decades (learning in the simulator,
-    :func:`_resolve_link_clock` gives the simulator's levels instead).
+
+def _check_link_clock(link_clock: Any) -> dict[str, Any] | None:
+    """``link_clock`` as its settings (``None``: no clock).
+
+    :class:`~commgym.agents.features.LinkClock` keyword arguments, or ``{"reader": "mpc",
+    "calibration": path, "learn_decisions": n}``; ``True``: the move rule at 0.5 decades
+    (learning in the simulator, :func:`_resolve_link_clock` gives its levels instead).
     """
     if link_clock is False or link_clock is None:
         return None
     if link_clock is True:
         return {"change_decades": 0.5}
+    if isinstance(link_clock, dict) and link_clock.get("reader") is not None:
+        if link_clock["reader"] != "mpc" or not set(link_clock) <= _FILTER_KEYS:
+            raise ValueError(
+                "link_clock with a reader is {reader: mpc, calibration: PATH, "
+                f"learn_decisions: N}} (mpc's timing filter), got {link_clock!r}"
+            )
+        cal = link_clock.get("calibration")
+        if not isinstance(cal, str) or not cal:
+            raise ValueError(
+                f"link_clock {{reader: mpc}} needs calibration: the path of the `commgym "
+                f"calibrate-sim` record mpc reads (train gives the run's), got {cal!r}"
+            )
+        from commgym.collectives.checks import check_int
+
+        n = check_int("link_clock.learn_decisions", link_clock.get("learn_decisions", 300), 0)
+        return {"reader": "mpc", "calibration": cal, "learn_decisions": n}
     if (
         isinstance(link_clock, dict)
         and link_clock
@@ -787,8 +838,8 @@ def _check_link_clock(link_clock: Any) -> dict[str, Any] | None:
             out["levels"] = list(clock.levels)
         return out
     raise ValueError(
-        "link_clock must be true, false, {'levels': [log10 Gbit/s, ...]} or "
-        f"{{'change_decades': x}}, got {link_clock!r}"
+        "link_clock must be true, false, {'levels': [log10 Gbit/s, ...]}, "
+        f"{{'change_decades': x}} or {{'reader': 'mpc', ...}}, got {link_clock!r}"
     )
 
 
@@ -801,11 +852,58 @@ def _resolve_link_clock(link_clock: Any, env: gym.Env) -> dict[str, Any] | None:
     return _check_link_clock(link_clock)
 
 
+def _clock_filter(
+    clock: dict[str, Any] | None,
+    env: gym.Env | None,
+    state: dict[str, Any] | None = None,
+    path: Any = None,
+) -> Any:
+    """The mpc agent a ``{reader: mpc}`` clock reads (``None`` for any other clock).
+
+    Built on ``env`` (reading its own timing, probe-free); with ``state`` (a saved policy's)
+    it knows the links as it did, else it learns their dwells in the simulator
+    (``learn_decisions`` decisions of ``env``'s scenario as it is).
+
+    Raises:
+        ValueError: no env to build it on (a saved policy loaded without one), or no
+            ``state`` and ``env`` is not the simulator.
+    """
+    if clock is None or clock.get("reader") != "mpc":
+        return None
+    if env is None:
+        raise ValueError(
+            f"{path}: its link clock reads mpc's timing filter, which needs the env it acts "
+            "in (load_agent(path, env=...)): the filter checks the env's config against its "
+            "calibration"
+        )
+    from commgym.agents import make_agent
+
+    if state is not None:
+        agent = make_agent("mpc", env, calibration=clock["calibration"], link_from="timing")
+        agent.set_state(state)
+        return agent
+    if not hasattr(env.unwrapped, "calibration"):
+        raise ValueError(
+            "a link clock reading mpc's timing filter learns the links' dwells in the "
+            "simulator: learn in it (env_kind: sim), or use link_clock: true"
+        )
+    from commgym.env.sim import SimEnv
+
+    sim = SimEnv(env.unwrapped.calibration, env.unwrapped.config)
+    agent = make_agent("mpc", sim, calibration=clock["calibration"], link_from="timing")
+    agent.learn(clock["learn_decisions"])
+    return agent
+
+
 def _check_clock_inputs(
     clock: dict[str, Any] | None, reads_probe: bool, mask: np.ndarray | None
 ) -> None:
-    """Refuse a link clock that would read nothing: no probe, or its fields masked out."""
-    if clock is None:
+    """Refuse a link clock that would read nothing: no probe, or its fields masked out.
+
+    A ``{reader: mpc}`` clock reads the decisions' timing, not the probe, and sees the
+    whole observation (the mask applies to what the policy reads).
+    """
+    if clock is None or clock.get("reader") == "mpc":
         return
     if not reads_probe:
         raise ValueError(

@@ -248,6 +248,24 @@ class RunConfig:
                     "(from `commgym calibrate-sim`) as --calibration PATH or as "
                     f"{where}: {{mpc: {{calibration: PATH}}}}"
                 )
+        # a link clock read by mpc's timing filter plans over the run's calibration too
+        for name, kwargs in self.agent_kwargs.items():
+            clock = kwargs.get("link_clock")
+            if (
+                isinstance(clock, dict)
+                and clock.get("reader") == "mpc"
+                and not clock.get("calibration")
+            ):
+                if not (self.calibration or self.env_kind == "sim"):
+                    raise ValueError(
+                        f"{name}'s link_clock {{reader: mpc}} reads mpc's timing filter, which "
+                        "plans over a calibrated simulator model: give --calibration PATH or "
+                        "learn in the simulator (env_kind: sim)"
+                    )
+                from commgym.experiments.calibrate_sim import calibration_path
+
+                path = str(calibration_path(self.calibration, self.env_config))
+                kwargs["link_clock"] = {**clock, "calibration": path}
         if ft and not can_fine_tune(self.agent):
             raise ValueError(
                 f"fine_tune_episodes={ft} refines the policy of an SB3 agent (ppo, "

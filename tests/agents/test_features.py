@@ -165,3 +165,51 @@ def test_a_clock_that_would_read_nothing_is_refused(env):
         make_agent("ppo", env, link_clock={"change_decades": 0})
     with pytest.raises(ValueError, match="commgym's observation layout"):
         LinkClockWrapper(LinkClockWrapper(env))
+
+
+def test_a_clock_read_by_mpc_s_timing_filter_runs_without_the_probe(tmp_path):
+    """``link_clock: {reader: mpc}``: the features come from the link history of mpc reading
+    its own timing; the policy runs no probe, the filter learns the dwells in the simulator,
+    is saved with the policy and comes back with it (given the env)."""
+    from commgym.agents.features import FilterClock
+    from commgym.env.sim.wire import LinkFit
+
+    fixture = _calibration()  # both links recorded: the timing filter tells them apart
+    fixture.wire.links[10**10] = {k: LinkFit(3e-4, 1.0) for k in ("allreduce", "allgather")}
+    cal = tmp_path / "cal.json"
+    fixture.save(cal)
+    env = SimEnv(fixture, _env_cfg(network=FLAKY, probe_bytes=65536))
+    clock = {"reader": "mpc", "calibration": str(cal), "learn_decisions": 40}
+    agent = make_agent(
+        "ppo", env, seed=0, history=2, probe=False, link_clock=clock, n_steps=16, batch_size=16,
+        obs_fields=["eval_loss", "elapsed_frac", "step_time_s"],
+    )  # fmt: skip
+    mpc = agent._clock_filter
+    assert mpc.link_from == "timing" and mpc.prior_decisions > 0  # learned in the simulator
+    assert agent.hyperparams["link_clock"] == clock
+    # one episode through the clock: it counts the changes mpc's history holds
+    filt = FilterClock(mpc, env.config.time_budget_s)
+    obs, _ = env.reset(seed=5, options={"probe": False})
+    topk_h2 = np.unravel_index(env.menu.entry_names().index("topk:0.01/25MB/H2"), env.menu.nvec)
+    done, feats = False, []
+    while not done:
+        feats.append(filt.update(obs))
+        obs, _, term, trunc, info = env.step(np.array(topk_h2))
+        assert info["measured"]["probe_s"] == 0.0
+        done = term or trunc
+    feats.append(filt.update(obs))
+    assert feats[0].tolist() == [0.0, 0.0, 0.0]  # no reading before the first decision
+    assert feats[-1][2] == min(filt.state["changes"] / 8, 1.0) and filt.state["changes"] >= 1
+    agent.learn(32)
+    first = rollout(env, agent, 11, target_loss=0.2)
+    path = agent.save(tmp_path / "ppo")
+    loaded = load_agent(path, env=env)
+    assert loaded._clock_filter.get_state() == mpc.get_state()
+    again = rollout(env, loaded, 11, target_loss=0.2)
+    assert [s.config for s in again.steps] == [s.config for s in first.steps]
+    with pytest.raises(ValueError, match="needs the env it acts in"):
+        load_agent(path)
+    with pytest.raises(ValueError, match="link_clock with a reader is"):
+        make_agent("ppo", env, probe=False, link_clock={"reader": "probe"})
+    with pytest.raises(ValueError, match="needs calibration"):
+        make_agent("ppo", env, probe=False, link_clock={"reader": "mpc"})

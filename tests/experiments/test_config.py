@@ -102,6 +102,14 @@ def test_every_agent_resolves_in_every_shipped_scenario(scenario):
                 load_run_config(scenario, {"agent": name})
             continue
         cfg = load_run_config(scenario, {"agent": name})
+        clock = cfg.agent_hyperparams.get("link_clock")
+        if isinstance(clock, dict) and clock.get("reader") == "mpc":
+            # its clock's filter is an mpc over the run's calibration (the default file on
+            # the simulator, made first), learned there: built by train, not on a layout
+            from commgym.experiments.calibrate_sim import default_calibration_path
+
+            assert clock["calibration"] == str(default_calibration_path(cfg.env_config))
+            continue
         # only its own hyperparameters, and its constructor takes them
         assert set(cfg.agent_hyperparams) <= set(cfg.agent_kwargs.get(name, {}))
         agent = build_agent(name, LayoutEnv(cfg.env_config.menu), cfg, cfg.agent_hyperparams)

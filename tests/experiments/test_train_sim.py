@@ -199,7 +199,8 @@ def test_sim_warm_start_clones_the_reactive_oracle_before_rl(tmp_path, capsys):
 
 def test_sim_warm_start_clones_mpc_into_a_policy_with_a_link_clock(tmp_path, capsys):
     """``sim_warm_start: {expert: mpc}``: mpc learns the links' dwells in the simulator,
-    then its episodes are cloned into a PPO policy that reads the probe and the link clock."""
+    then its episodes are cloned into a probe-free PPO policy whose link clock reads mpc's
+    timing filter (flaky-link-clock's recipe)."""
     import warnings
 
     from mlflow import MlflowClient
@@ -215,9 +216,10 @@ def test_sim_warm_start_clones_mpc_into_a_policy_with_a_link_clock(tmp_path, cap
     cal = _calibration()
     cal.wire.links[10**10] = {k: LinkFit(3e-4, 1.0) for k in ("allreduce", "allgather")}
     cal.save(tmp_path / "cal.json")
-    kwargs = {"n_steps": 16, "batch_size": 16, "n_epochs": 1, "history": 2, "link_clock": True}
+    kwargs = {"n_steps": 16, "batch_size": 16, "n_epochs": 1, "history": 2, "probe": False,
+              "link_clock": {"reader": "mpc", "learn_decisions": 40}}  # fmt: skip
     warm = {"episodes": 3, "epochs": 5, "expert": "mpc", "expert_timesteps": 40,
-            "expert_kwargs": {"link_from": "probe"}}  # fmt: skip
+            "expert_kwargs": {"link_from": "timing"}}  # fmt: skip
     cfg = RunConfig(
         agent="ppo", agent_kwargs={"ppo": kwargs}, timesteps=16,
         env=_env_cfg(network=flaky, probe_bytes=65536).to_dict(), env_kind="sim",
@@ -235,8 +237,9 @@ def test_sim_warm_start_clones_mpc_into_a_policy_with_a_link_clock(tmp_path, cap
     assert "mpc learning the links" in out and "(the model-predictive agent)" in out
     metrics = MlflowClient(tracking_uri=uri).get_run(run_id).data.metrics
     assert metrics["train/bc_episodes"] == 3 and metrics["train/bc_skipped"] == 0
-    # learned in the simulator, the clock reads the calibrated links' probe levels
-    assert len(agent.link_clock["levels"]) == 2 and agent.model.num_timesteps >= 16
+    # the clock reads mpc's timing filter over the run's calibration, learned in the simulator
+    assert agent.link_clock["calibration"] == str(tmp_path / "cal.json")
+    assert agent._clock_filter.prior_decisions > 0 and agent.model.num_timesteps >= 16
     with pytest.raises(TypeError, match="acts on the simulator's observation"):
         AgentExpert(agent)(object())
     with pytest.raises(ValueError, match="expert must be 'oracle' or 'mpc'"):
