@@ -710,7 +710,11 @@ class SB3Agent(Agent):
         if self._norm is not None:
             state["normalization"] = _rms_json(self._norm)
         if self._clock_filter is not None:  # what the clock's filter learned of the links
-            state["clock_filter"] = self._clock_filter.get_state()
+            state["clock_filter"] = {
+                "agent": self._clock_filter.get_state(),
+                # the job it was built for, so it loads without an env (a replay)
+                "config": self._clock_filter.env.unwrapped.config.to_dict(),
+            }
         meta = self._policy_json(state)
         with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as zf:
             zf.writestr(POLICY_JSON, json.dumps(meta, indent=1, allow_nan=False))
@@ -860,28 +864,31 @@ def _clock_filter(
 ) -> Any:
     """The mpc agent a ``{reader: mpc}`` clock reads (``None`` for any other clock).
 
-    Built on ``env`` (reading its own timing, probe-free); with ``state`` (a saved policy's)
-    it knows the links as it did, else it learns their dwells in the simulator
-    (``learn_decisions`` decisions of ``env``'s scenario as it is).
+    Built on ``env`` (reading its own timing, probe-free); with ``state`` (a saved policy's:
+    what it learned and the job's config) it knows the links as it did, and without an env
+    (predict-only) it is built for the saved config; else it learns their dwells in the
+    simulator (``learn_decisions`` decisions of ``env``'s scenario as it is).
 
     Raises:
-        ValueError: no env to build it on (a saved policy loaded without one), or no
-            ``state`` and ``env`` is not the simulator.
+        ValueError: no ``state`` and ``env`` is missing or not the simulator.
     """
     if clock is None or clock.get("reader") != "mpc":
         return None
-    if env is None:
-        raise ValueError(
-            f"{path}: its link clock reads mpc's timing filter, which needs the env it acts "
-            "in (load_agent(path, env=...)): the filter checks the env's config against its "
-            "calibration"
-        )
     from commgym.agents import make_agent
 
     if state is not None:
+        if env is None:  # predict-only (a replay in a user's job): the saved job's config
+            from commgym.env import EnvConfig
+
+            env = _ConfigEnv(EnvConfig(**state["config"]))
         agent = make_agent("mpc", env, calibration=clock["calibration"], link_from="timing")
-        agent.set_state(state)
+        agent.set_state(state["agent"])
         return agent
+    if env is None:
+        raise ValueError(
+            f"{path}: its link clock reads mpc's timing filter, but the file "
+            "holds no filter state (saved before it learned?)"
+        )
     if not hasattr(env.unwrapped, "calibration"):
         raise ValueError(
             "a link clock reading mpc's timing filter learns the links' dwells in the "
@@ -953,6 +960,18 @@ class _FieldMask(gym.ObservationWrapper):
     def observation(self, observation: np.ndarray) -> np.ndarray:
         """``observation`` times the mask (float32)."""
         return (observation * self.mask).astype(np.float32)
+
+
+class _ConfigEnv(gym.Env):
+    """A job's config and spaces without a job: what an mpc filter checks, for a replay."""
+
+    def __init__(self, config: Any) -> None:
+        from commgym.env.spaces import ObservationBuilder
+
+        self.config = config
+        self.menu = config.menu
+        self.action_space = gym.spaces.MultiDiscrete(config.menu.nvec)
+        self.observation_space = ObservationBuilder(config.menu, 1, 1).space
 
 
 class _ProbeOff(gym.Wrapper):

@@ -207,8 +207,17 @@ def test_a_clock_read_by_mpc_s_timing_filter_runs_without_the_probe(tmp_path):
     assert loaded._clock_filter.get_state() == mpc.get_state()
     again = rollout(env, loaded, 11, target_loss=0.2)
     assert [s.config for s in again.steps] == [s.config for s in first.steps]
-    with pytest.raises(ValueError, match="needs the env it acts in"):
-        load_agent(path)
+    # predict-only, as a replay in a user's job loads it: the filter from the saved config
+    alone = load_agent(path)
+    assert alone._clock_filter.get_state() == mpc.get_state()
+    obs, _ = env.reset(seed=11, options={"probe": False})
+    state, start = None, np.array([True])
+    for _ in range(6):
+        a1, state = alone.predict(obs, state, episode_start=start)
+        start = np.array([False])
+        obs, *_ = env.step(a1)
+    replay = [s.config for s in rollout(env, alone, 11, target_loss=0.2).steps]
+    assert replay == [s.config for s in first.steps]
     with pytest.raises(ValueError, match="link_clock with a reader is"):
         make_agent("ppo", env, probe=False, link_clock={"reader": "probe"})
     with pytest.raises(ValueError, match="needs calibration"):
