@@ -33,6 +33,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from commgym.agents.base import (
     POLICY_JSON,
     Agent,
+    LayoutEnv,
     LearnCallback,
     Progress,
     as_observations,
@@ -193,10 +194,10 @@ class SB3Agent(Agent):
             ``{"reader": "mpc", "calibration": path, "learn_decisions": 300}``: the same
             features from the link history of the model-predictive agent reading its own
             timing (:class:`~commgym.agents.features.FilterClock`), probe-free; the filter
-            learns the dwells in the simulator (``learn_decisions`` decisions), is saved
-            with the policy and needs the env to load (``commgym train`` gives it the run's
-            calibration). The clock reads the whole observation; ``obs_fields`` masks
-            what the policy reads.
+            learns the dwells in the simulator (``learn_decisions`` decisions) and is saved
+            with the policy, the job's config with it, so the policy loads without an env
+            too (``commgym train`` gives it the run's calibration). The clock reads the
+            whole observation; ``obs_fields`` masks what the policy reads.
         **hyperparams: keyword arguments of the SB3 algorithm (``policy`` defaults to
             ``"MlpPolicy"``, ``device`` to ``"cpu"``); they override :attr:`defaults`.
 
@@ -207,8 +208,7 @@ class SB3Agent(Agent):
             not exist (the message lists them), or is given with a ``vec_env``;
             ``link_clock`` is not a bool, ``{"levels": [...]}``, ``{"change_decades": x}``
             (or both) or ``{"reader": "mpc", ...}`` with a calibration path, or a probe
-            clock is given without
-            the probe, without the fields it reads or with a ``vec_env``.
+            clock is given without the probe; a link clock with a ``vec_env``.
     """
 
     learned = True
@@ -236,7 +236,7 @@ class SB3Agent(Agent):
         self.reads_probe = _check_probe(kwargs.pop("probe", True))
         self._mask = _field_mask(kwargs.pop("obs_fields", None))
         self.link_clock = _resolve_link_clock(kwargs.pop("link_clock", False), env)
-        _check_clock_inputs(self.link_clock, self.reads_probe, self._mask)
+        _check_clock_inputs(self.link_clock, self.reads_probe)
         if self.link_clock is not None:  # saved as resolved: the file reads probes as learned
             self._hyperparams["link_clock"] = dict(self.link_clock)
         self._clock_filter = _clock_filter(self.link_clock, env)
@@ -794,8 +794,9 @@ def _check_normalize(normalize: Any) -> dict[str, Any] | None:
     )
 
 
-#: ``link_clock: {reader: mpc, ...}``'s keys (the others: the probe clock's).
+#: ``link_clock: {reader: mpc, ...}``'s keys, and the probe clock's.
 _FILTER_KEYS = {"reader", "calibration", "learn_decisions"}
+_PROBE_CLOCK_KEYS = {"change_decades", "levels"}
 
 
 def _check_link_clock(link_clock: Any) -> dict[str, Any] | None:
@@ -821,19 +822,9 @@ def _check_link_clock(link_clock: Any) -> dict[str, Any] | None:
                 f"link_clock {{reader: mpc}} needs calibration: the path of the `commgym "
                 f"calibrate-sim` record mpc reads (train gives the run's), got {cal!r}"
             )
-        from commgym.collectives.checks import check_int
-
         n = check_int("link_clock.learn_decisions", link_clock.get("learn_decisions", 300), 0)
         return {"reader": "mpc", "calibration": cal, "learn_decisions": n}
-    if (
-        isinstance(link_clock, dict)
-        and link_clock
-        and set(link_clock)
-        <= {
-            "change_decades",
-            "levels",
-        }
-    ):
+    if isinstance(link_clock, dict) and link_clock and set(link_clock) <= _PROBE_CLOCK_KEYS:
         from commgym.agents.features import LinkClock
 
         clock = LinkClock(**link_clock)  # its own check of the values
@@ -902,31 +893,19 @@ def _clock_filter(
     return agent
 
 
-def _check_clock_inputs(
-    clock: dict[str, Any] | None, reads_probe: bool, mask: np.ndarray | None
-) -> None:
-    """Refuse a link clock that would read nothing: no probe, or its fields masked out.
+def _check_clock_inputs(clock: dict[str, Any] | None, reads_probe: bool) -> None:
+    """Refuse a probe clock without the probe (it would read nothing).
 
-    A ``{reader: mpc}`` clock reads the decisions' timing, not the probe, and sees the
-    whole observation (the mask applies to what the policy reads).
+    The clock reads the whole observation (``obs_fields`` masks what the policy reads), and
+    a ``{reader: mpc}`` clock reads the decisions' timing, not the probe.
     """
     if clock is None or clock.get("reader") == "mpc":
         return
     if not reads_probe:
         raise ValueError(
             "link_clock reads the probe's bandwidth (log10_probe_gbps), which probe=False "
-            "turns off: keep probe: true, or drop link_clock"
+            "turns off: keep probe: true, use link_clock: {reader: mpc}, or drop link_clock"
         )
-    if mask is not None:
-        from commgym.env.spaces import OBSERVATION_FIELDS
-
-        names = [f.name for f in OBSERVATION_FIELDS]
-        missing = [f for f in ("log10_probe_gbps", "elapsed_frac") if not mask[names.index(f)]]
-        if missing:
-            raise ValueError(
-                f"link_clock reads {missing}, which obs_fields leaves out: add them to "
-                "obs_fields, or drop link_clock"
-            )
 
 
 def _check_probe(probe: Any) -> bool:
@@ -962,16 +941,12 @@ class _FieldMask(gym.ObservationWrapper):
         return (observation * self.mask).astype(np.float32)
 
 
-class _ConfigEnv(gym.Env):
+class _ConfigEnv(LayoutEnv):
     """A job's config and spaces without a job: what an mpc filter checks, for a replay."""
 
     def __init__(self, config: Any) -> None:
-        from commgym.env.spaces import ObservationBuilder
-
+        super().__init__(config.menu)
         self.config = config
-        self.menu = config.menu
-        self.action_space = gym.spaces.MultiDiscrete(config.menu.nvec)
-        self.observation_space = ObservationBuilder(config.menu, 1, 1).space
 
 
 class _ProbeOff(gym.Wrapper):
