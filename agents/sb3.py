@@ -865,14 +865,14 @@ def _clock_filter(
     """
     if clock is None or clock.get("reader") != "mpc":
         return None
-    from commgym.agents import make_agent
+    from commgym.agents.mpc import ModelPredictiveAgent
 
     if state is not None:
         if env is None:  # predict-only (a replay in a user's job): the saved job's config
             from commgym.env import EnvConfig
 
             env = _ConfigEnv(EnvConfig(**state["config"]))
-        agent = make_agent("mpc", env, calibration=clock["calibration"], link_from="timing")
+        agent = ModelPredictiveAgent(env, calibration=clock["calibration"], link_from="timing")
         agent.set_state(state["agent"])
         return agent
     if env is None:
@@ -888,7 +888,7 @@ def _clock_filter(
     from commgym.env.sim import SimEnv
 
     sim = SimEnv(env.unwrapped.calibration, env.unwrapped.config)
-    agent = make_agent("mpc", sim, calibration=clock["calibration"], link_from="timing")
+    agent = ModelPredictiveAgent(sim, calibration=clock["calibration"], link_from="timing")
     agent.learn(clock["learn_decisions"])
     return agent
 
