@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -49,11 +49,13 @@ import numpy as np
 from commgym.env.spaces import OBSERVATION_FIELDS, ObservationField
 
 __all__ = [
+    "FILTER_CLOCK_FIELDS",
     "LINK_CLOCK_FIELDS",
     "FilterClock",
     "LinkClock",
     "LinkClockWrapper",
     "check_levels",
+    "clock_fields",
     "clock_space",
     "probe_levels",
 ]
@@ -73,6 +75,46 @@ LINK_CLOCK_FIELDS: tuple[ObservationField, ...] = (
         "link_changes", "1", 0.0, 1.0, "link changes seen in this episode / 8 (at most 1)"
     ),
 )  # fmt: skip
+
+#: What ``link_clock: {reader: mpc, belief: true}`` appends after :data:`LINK_CLOCK_FIELDS`:
+#: the filter's own view of the link, which its most probable link (the three fields above)
+#: leaves out. Measured on real ranks (records 2026-12-06_134056/135536): while a policy
+#: plays an entry whose time is alike on both links (PowerSGD), the filter's readings are
+#: unsure, its most probable link stays "fast, for 5 s" where it is "probably slow since
+#: 4 s", and a clone of mpc (which plans on the belief and the change probability) went back
+#: to a dense entry inside the slow phase.
+FILTER_CLOCK_FIELDS: tuple[ObservationField, ...] = (
+    ObservationField(
+        "link_log10_gbps", "log10 Gbit/s", -3.0, 3.0,
+        "the filter's current link rate (0 before a reading; unshaped loopback reads 3)",
+    ),
+    ObservationField(
+        "link_belief", "1", 0.0, 1.0, "the filter's probability of its current link"
+    ),
+    ObservationField(
+        "link_change_prob", "1", 0.0, 1.0,
+        "the filter's probability that the link changes by the next decision "
+        "(mpc's hazard and learned dwells)",
+    ),
+)  # fmt: skip
+
+
+def clock_fields(settings: dict[str, Any] | None) -> tuple[ObservationField, ...]:
+    """The fields a ``link_clock`` setting appends to the observation, in order.
+
+    Args:
+        settings: the agent's resolved ``link_clock`` (``None``: no clock).
+
+    Returns:
+        ``()`` without a clock; :data:`LINK_CLOCK_FIELDS`, followed by
+        :data:`FILTER_CLOCK_FIELDS` for ``{reader: mpc, belief: true}``.
+    """
+    if settings is None:
+        return ()
+    if settings.get("reader") == "mpc" and settings.get("belief"):
+        return LINK_CLOCK_FIELDS + FILTER_CLOCK_FIELDS
+    return LINK_CLOCK_FIELDS
+
 
 _NAMES = [f.name for f in OBSERVATION_FIELDS]
 _PROBE = _NAMES.index("log10_probe_gbps")
@@ -107,6 +149,7 @@ class LinkClock:
     changes: int = 0
     dwells: list[tuple[float, float]] | None = None  # (level, length) of ended phases
     readings: list[float] | None = None  # the current phase's readings (the move rule)
+    fields: ClassVar[tuple[ObservationField, ...]] = LINK_CLOCK_FIELDS  # what update returns
 
     def __post_init__(self) -> None:
         c = self.change_decades
@@ -184,11 +227,15 @@ class FilterClock:
     Args:
         agent: the filter (an mpc agent reading ``"timing"``; its learned dwells set).
         budget_s: the episode's training-time budget, s (the features' unit).
+        belief: also return :data:`FILTER_CLOCK_FIELDS` (the filter's link rate, its
+            probability, and the probability of a change by the next decision).
     """
 
-    def __init__(self, agent: Any, budget_s: float) -> None:
+    def __init__(self, agent: Any, budget_s: float, belief: bool = False) -> None:
         self.agent = agent
         self.budget_s = float(budget_s)
+        self.belief = bool(belief)
+        self.fields = LINK_CLOCK_FIELDS + (FILTER_CLOCK_FIELDS if self.belief else ())
         self.state: Any = None
         self._first = True
 
@@ -199,7 +246,8 @@ class FilterClock:
             observation: one commgym observation ``(len(OBSERVATION_FIELDS),)``, unmasked.
 
         Returns:
-            float32 ``(len(LINK_CLOCK_FIELDS),)``, as :meth:`LinkClock.update`'s.
+            float32 ``(len(self.fields),)``: :meth:`LinkClock.update`'s three, then with
+            ``belief`` the filter's view (:data:`FILTER_CLOCK_FIELDS`).
         """
         _, self.state = self.agent.predict(
             observation, self.state, episode_start=np.array([self._first])
@@ -207,15 +255,27 @@ class FilterClock:
         self._first = False
         st = self.state or {}
         if "since_s" not in st:  # no reading of the link yet
-            return np.zeros(len(LINK_CLOCK_FIELDS), dtype=np.float32)
+            return np.zeros(len(self.fields), dtype=np.float32)
         now = float(observation[_ELAPSED]) * self.budget_s
         last = (st["dwells"].get(st["rate"]) or [0.0])[-1]
-        out = (
-            (now - st["since_s"]) / self.budget_s,
-            last / self.budget_s,
-            min(st["changes"] / _CHANGES_SCALE, 1.0),
+        out = np.clip(
+            np.asarray(
+                (
+                    (now - st["since_s"]) / self.budget_s,
+                    last / self.budget_s,
+                    min(st["changes"] / _CHANGES_SCALE, 1.0),
+                ),
+                dtype=np.float32,
+            ),
+            0.0,
+            1.0,
         )
-        return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)
+        if not self.belief:
+            return out
+        rate, belief, change = self.agent.link_outlook(st, now)
+        gbps = 3.0 if rate is None else math.log10(rate / 1e9)
+        view = np.asarray((np.clip(gbps, -3.0, 3.0), belief, change), dtype=np.float32)
+        return np.concatenate([out, view])
 
 
 def check_levels(levels: Any) -> tuple[float, ...]:
@@ -278,10 +338,12 @@ def probe_levels(env: gym.Env, merge_decades: float = 0.1) -> list[float]:
     return [round(sum(g) / len(g), 6) for g in groups]
 
 
-def clock_space(space: gym.spaces.Box) -> gym.spaces.Box:
-    """``space`` (a commgym observation space) with the clock's fields appended."""
-    low = np.concatenate([space.low, [f.low for f in LINK_CLOCK_FIELDS]]).astype(np.float32)
-    high = np.concatenate([space.high, [f.high for f in LINK_CLOCK_FIELDS]]).astype(np.float32)
+def clock_space(
+    space: gym.spaces.Box, fields: tuple[ObservationField, ...] = LINK_CLOCK_FIELDS
+) -> gym.spaces.Box:
+    """``space`` (a commgym observation space) with the clock's ``fields`` appended."""
+    low = np.concatenate([space.low, [f.low for f in fields]]).astype(np.float32)
+    high = np.concatenate([space.high, [f.high for f in fields]]).astype(np.float32)
     return gym.spaces.Box(low, high, dtype=np.float32)
 
 
@@ -318,7 +380,7 @@ class LinkClockWrapper(gym.ObservationWrapper):
         self.levels = levels
         self._make = clock if clock is not None else lambda: LinkClock(change_decades, levels)
         self.clock = self._make()
-        self.observation_space = clock_space(env.observation_space)
+        self.observation_space = clock_space(env.observation_space, self.clock.fields)
 
     def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:  # noqa: D102
         self.clock = self._make()

@@ -253,6 +253,7 @@ def oracle_demonstrations(
     gamma: float,
     normalizer: Any = None,
     explore: float = 0.0,
+    learner: Callable[[np.ndarray], np.ndarray] | None = None,
     seed: int = 0,
     callback: Callable[[], None] | None = None,
 ) -> Demonstrations:
@@ -272,6 +273,12 @@ def oracle_demonstrations(
             (DART's noise injection, Laskey et al., CoRL 2017): the demonstrations then
             cover the states a learner's own mistakes lead to, and the normaliser's
             statistics the observation fields that the expert alone never varies.
+        learner: ``learner(observations (n_envs, d) as venv returns them) -> actions
+            (n_envs, 3)``: where given, the learner plays every decision and the expert
+            only labels it (a DAgger round, Ross, Gordon & Bagnell, AISTATS 2011, with
+            the mixing weight 0 after the first round): the demonstrations are the
+            states the learner's own policy reaches, where a clone's rare mistakes (a
+            dense entry kept into a slow phase) lead. ``explore`` still applies on top.
         seed: seed of the exploration's draws.
         callback: called after each finished episode (a progress bar's advance).
 
@@ -301,13 +308,17 @@ def oracle_demonstrations(
         actions = np.zeros((n, 3), dtype=np.int64)
         played = np.zeros((n, 3), dtype=np.int64)
         advised = []
+        own = None if learner is None else np.asarray(learner(obs), dtype=np.int64)
         for i, env in enumerate(envs):
+            # the expert is asked at every decision, whoever plays it: a stateful expert
+            # (mpc's link filter) must see each decision's outcome to label the next
             a = expert(env)
             advised.append(a is not None)
             drawn = [int(rng.integers(v)) for v in env.menu.nvec]
             # no schedule finishes this episode: any action ends it at the budget
             actions[i] = a if a is not None else drawn
-            played[i] = drawn if a is None or rng.random() < explore else actions[i]
+            chosen = actions[i] if own is None or a is None else own.reshape(n, 3)[i]
+            played[i] = drawn if a is None or rng.random() < explore else chosen
         obs_before = np.asarray(raw, dtype=np.float32)
         obs, rewards, dones, _ = venv.step(played)
         raw = normalizer.get_original_obs() if normalizer is not None else obs

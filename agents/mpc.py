@@ -563,6 +563,26 @@ class ModelPredictiveAgent(StepAgent):
     def _action(self, k: int) -> np.ndarray:
         return np.array(np.unravel_index(k, self._nvec), dtype=np.int64)
 
+    def link_outlook(self, state: dict[str, Any], now_s: float) -> tuple[Any, float, float]:
+        """What the filter holds of the link at ``now_s``: what a plan weighs.
+
+        Args:
+            state: this agent's ``predict`` state after at least one reading of the link.
+            now_s: training time of the next decision, s.
+
+        Returns:
+            ``(rate, belief, change)``: the link its history holds (bit/s, ``None`` for
+            unshaped loopback), the probability the filter gives that link (1 reading the
+            probe), and the probability that the link changes by the next decision
+            (:meth:`_switch_probability`: the hazard, or the learned dwells where it
+            anticipates).
+        """
+        rate = state["value"]
+        belief = 1.0
+        if state.get("belief") and rate in self._timing_links:
+            belief = float(state["belief"][self._timing_links.index(rate)])
+        return rate, belief, float(self._switch_probability(state, now_s)[0])
+
     def _switch_probability(
         self, state: dict[str, Any], now_s: float
     ) -> tuple[float, list[float | None]]:

@@ -196,8 +196,11 @@ class SB3Agent(Agent):
             timing (:class:`~commgym.agents.features.FilterClock`), probe-free; the filter
             learns the dwells in the simulator (``learn_decisions`` decisions) and is saved
             with the policy, the job's config with it, so the policy loads without an env
-            too (``commgym train`` gives it the run's calibration). The clock reads the
-            whole observation; ``obs_fields`` masks what the policy reads.
+            too (``commgym train`` gives it the run's calibration). ``belief: true`` adds the
+            filter's own view (its link rate, that link's probability, the probability of a
+            change by the next decision: :data:`~commgym.agents.features.FILTER_CLOCK_FIELDS`),
+            what mpc plans on and its most probable link alone does not show. The clock reads
+            the whole observation; ``obs_fields`` masks what the policy reads.
         **hyperparams: keyword arguments of the SB3 algorithm (``policy`` defaults to
             ``"MlpPolicy"``, ``device`` to ``"cpu"``); they override :attr:`defaults`.
 
@@ -286,9 +289,9 @@ class SB3Agent(Agent):
         assert self._mask is not None
         if self.link_clock is None:
             return self._mask
-        from commgym.agents.features import LINK_CLOCK_FIELDS
+        from commgym.agents.features import clock_fields
 
-        ones = np.ones(len(LINK_CLOCK_FIELDS), dtype=np.float32)
+        ones = np.ones(len(clock_fields(self.link_clock)), dtype=np.float32)
         return np.concatenate([self._mask, ones])
 
     def _new_clock(self) -> Any:
@@ -297,7 +300,11 @@ class SB3Agent(Agent):
 
         assert self.link_clock is not None
         if self.link_clock.get("reader") == "mpc":
-            return FilterClock(self._clock_filter, self._clock_filter.budget_s)
+            return FilterClock(
+                self._clock_filter,
+                self._clock_filter.budget_s,
+                belief=bool(self.link_clock.get("belief")),
+            )
         return LinkClock(**self.link_clock)
 
     def _stacked(self, venv: Any, frozen: bool = False) -> Any:
@@ -491,6 +498,7 @@ class SB3Agent(Agent):
         batch_size: int = 256,
         learning_rate: float = 1e-3,
         explore: float = 0.0,
+        dagger_rounds: int = 0,
         callback: Any = None,
     ) -> dict[str, float]:
         """Behaviour-clone ``expert`` on the env this agent learns on, before RL.
@@ -512,28 +520,46 @@ class SB3Agent(Agent):
             explore: probability of a random entry played in the expert's place, its
                 label still the expert's (noise injection, see
                 :func:`~commgym.agents.imitation.oracle_demonstrations`).
+            dagger_rounds: DAgger rounds after the first fit (Ross, Gordon & Bagnell,
+                AISTATS 2011): each records ``episodes`` more episodes played by the clone
+                (deterministic) and labelled by the expert, adds them to all recorded so
+                far and fits the policy again on the whole set. The first fit sees only the
+                expert's own states; a clone that agrees on 97 % of them can still keep a
+                dense entry a decision too long where the expert would not, a state the
+                expert never visits (int >= 0; 0: plain behaviour cloning).
             callback: called after each recorded episode.
 
         Returns:
-            :meth:`behaviour_clone`'s figures plus ``episodes`` and ``skipped``.
+            :meth:`behaviour_clone`'s figures (on the last fit's whole set) plus
+            ``episodes`` (recorded in all rounds), ``skipped`` and, with DAgger rounds,
+            ``dagger_agreement``: the fraction of the last round's decisions on which the
+            clone played the expert's label before that round's fit.
 
         Raises:
             ValueError: the algorithm has no action log-likelihood (DQN), bad sizes.
             TypeError: the expert cannot read this env (not the simulator).
         """
-        from commgym.agents.imitation import oracle_demonstrations
+        from commgym.agents.imitation import Demonstrations, oracle_demonstrations
 
         self._check_clonable()
-        demos = oracle_demonstrations(
-            self.model.get_env(),
-            expert,
-            episodes,
-            gamma=self._gamma,
-            normalizer=self._norm,
-            explore=explore,
-            seed=0 if self.seed is None else int(self.seed),
-            callback=callback,
-        )
+        check_int("dagger_rounds", dagger_rounds, 0)
+        seed = 0 if self.seed is None else int(self.seed)
+        venv = self.model.get_env()
+
+        def record(learner: Any, round_: int) -> Demonstrations:
+            return oracle_demonstrations(
+                venv,
+                expert,
+                episodes,
+                gamma=self._gamma,
+                normalizer=self._norm,
+                explore=explore,
+                learner=learner,
+                seed=seed + round_,
+                callback=callback,
+            )
+
+        demos = record(None, 0)
         fit = self.behaviour_clone(
             demos, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate
         )
@@ -543,10 +569,44 @@ class SB3Agent(Agent):
             # learning rate 0 (one field's variance grew 67x as the sampling policy visited
             # values the expert never did) turned the clone into a static policy
             self._norm.training = False
+        extra: dict[str, float] = {}
+        for r in range(1, int(dagger_rounds) + 1):
+
+            def clone(obs: np.ndarray) -> np.ndarray:
+                return self.model.predict(obs, deterministic=True)[0]
+
+            new = record(clone, r)
+            # the clone's action at each recorded decision, in recording order, to report
+            # how often it already agreed with the expert on its own states
+            mine = self._clone_actions(new.observations)
+            extra["dagger_agreement"] = float((mine == new.actions).all(axis=1).mean())
+            demos = Demonstrations(
+                observations=np.concatenate([demos.observations, new.observations]),
+                actions=np.concatenate([demos.actions, new.actions]),
+                returns=np.concatenate([demos.returns, new.returns]),
+                episodes=demos.episodes + new.episodes,
+                skipped=demos.skipped + new.skipped,
+            )
+            fit = self.behaviour_clone(
+                demos, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate
+            )
         # SB3 resets its env at the start of learn() only on its first call; the cloning
         # episodes left it mid-episode, so learn() must start from a reset
         self.model._last_obs = None
-        return {**fit, "episodes": float(demos.episodes), "skipped": float(demos.skipped)}
+        return {
+            **fit,
+            "episodes": float(demos.episodes),
+            "skipped": float(demos.skipped),
+            **extra,
+        }
+
+    def _clone_actions(self, observations: np.ndarray) -> np.ndarray:
+        """The policy's deterministic actions ``(n, 3)`` on unscaled demonstration rows."""
+        policy = self.model.policy
+        obs = torch.as_tensor(self._normalized(observations), dtype=torch.float32)
+        with torch.no_grad():
+            mode = policy.get_distribution(obs).mode()
+        return mode.reshape(len(observations), -1).cpu().numpy().astype(np.int64)
 
     def _check_clonable(self) -> None:
         from stable_baselines3.common.policies import ActorCriticPolicy
@@ -624,12 +684,11 @@ class SB3Agent(Agent):
         policy.set_training_mode(False)
         with torch.no_grad():
             values, logp, _ = policy.evaluate_actions(obs, acts)
-            mode = policy.get_distribution(obs).mode()
-        mode = mode.reshape(n, -1)
+        mode = self._clone_actions(demos.observations)
         return {
             "decisions": float(n),
             "nll": float(-logp.mean()),
-            "accuracy": float((mode == acts).all(dim=1).float().mean()),
+            "accuracy": float((mode == demos.actions).all(axis=1).mean()),
             "value_mse": float(torch.mean((values.flatten() - rets) ** 2)),
         }
 
@@ -749,10 +808,9 @@ class SB3Agent(Agent):
             from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
             d = int(np.prod(agent_env.observation_space.shape))
-            if agent.link_clock is not None:
-                from commgym.agents.features import LINK_CLOCK_FIELDS
+            from commgym.agents.features import clock_fields
 
-                d += len(LINK_CLOCK_FIELDS)
+            d += len(clock_fields(agent.link_clock))
             shape = (agent.history * d,)
             space = gym.spaces.Box(-np.inf, np.inf, shape, np.float32)
             # the statistics' holder when no env is given (predict-only, e.g. replay)
@@ -795,7 +853,7 @@ def _check_normalize(normalize: Any) -> dict[str, Any] | None:
 
 
 #: ``link_clock: {reader: mpc, ...}``'s keys, and the probe clock's.
-_FILTER_KEYS = {"reader", "calibration", "learn_decisions"}
+_FILTER_KEYS = {"reader", "calibration", "learn_decisions", "belief"}
 _PROBE_CLOCK_KEYS = {"change_decades", "levels"}
 
 
@@ -814,8 +872,11 @@ def _check_link_clock(link_clock: Any) -> dict[str, Any] | None:
         if link_clock["reader"] != "mpc" or not set(link_clock) <= _FILTER_KEYS:
             raise ValueError(
                 "link_clock with a reader is {reader: mpc, calibration: PATH, "
-                f"learn_decisions: N}} (mpc's timing filter), got {link_clock!r}"
+                f"learn_decisions: N, belief: BOOL}} (mpc's timing filter), got {link_clock!r}"
             )
+        belief = link_clock.get("belief", False)
+        if not isinstance(belief, bool):
+            raise ValueError(f"link_clock.belief must be true or false, got {belief!r}")
         cal = link_clock.get("calibration")
         if not isinstance(cal, str) or not cal:
             raise ValueError(
@@ -823,7 +884,9 @@ def _check_link_clock(link_clock: Any) -> dict[str, Any] | None:
                 f"calibrate-sim` record mpc reads (train gives the run's), got {cal!r}"
             )
         n = check_int("link_clock.learn_decisions", link_clock.get("learn_decisions", 300), 0)
-        return {"reader": "mpc", "calibration": cal, "learn_decisions": n}
+        out = {"reader": "mpc", "calibration": cal, "learn_decisions": n}
+        # saved only where set: policy files without it load unchanged
+        return {**out, "belief": True} if belief else out
     if isinstance(link_clock, dict) and link_clock and set(link_clock) <= _PROBE_CLOCK_KEYS:
         from commgym.agents.features import LinkClock
 

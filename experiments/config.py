@@ -95,6 +95,9 @@ class RunConfig:
             agent instead (it anticipates from the dwells it learns in ``expert_timesteps``
             simulated decisions, default 300; ``expert_kwargs`` are its own, e.g.
             ``{link_from: probe}``), the expert for a policy with a ``link_clock``.
+            ``dagger_rounds: R`` (default 0) adds R DAgger rounds after the clone: N
+            episodes each played by the clone and labelled by the expert, the policy
+            refitted on all of them (:meth:`~commgym.agents.sb3.SB3Agent.warm_start`).
         tuning_decisions: real decisions each tuning baseline (``bayesopt``, ``grid``,
             ``bandit``, ``accordion``, ``adacomm``, learning agents) spends tuning before
             it is evaluated; ``None``: as many as the learned agent saw on real ranks
@@ -314,7 +317,13 @@ class RunConfig:
         w = self.sim_warm_start
         if w is None:
             return
-        known = {"episodes": 1, "epochs": 1, "batch_size": 1, "expert_timesteps": 1}
+        known = {
+            "episodes": 1,
+            "epochs": 1,
+            "batch_size": 1,
+            "expert_timesteps": 1,
+            "dagger_rounds": 0,
+        }
         others = {"learning_rate", "opening", "expert", "expert_kwargs"}
         if not isinstance(w, dict) or "episodes" not in w or not set(w) <= {*known, *others}:
             raise ValueError(

@@ -304,7 +304,8 @@ def warm_start(
     else:
         expert = SimScheduleExpert(opening=w.pop("opening", "best"))
         label = "the simulator's reactive oracle"
-    with phase(f"cloning {label}", n, unit="episodes") as adv:
+    rounds = 1 + int(w.get("dagger_rounds", 0))
+    with phase(f"cloning {label}", n * rounds, unit="episodes") as adv:
         fit = agent.warm_start(expert, n, callback=lambda: adv(1), **w)
     fit["clone_s"] = time.perf_counter() - t0
     parent.log_metrics({f"{prefix}train/bc_{k}": float(v) for k, v in fit.items()}, step=0)
@@ -312,6 +313,12 @@ def warm_start(
         f"cloned {int(fit['decisions'])} decisions of {n} expert episodes ({label}) in "
         f"{fit['clone_s']:.1f} s: the clone plays the expert's action on "
         f"{fit['accuracy']:.1%} of them"
+        + (
+            f" ({rounds - 1} DAgger rounds; before the last round's fit it played the "
+            f"expert's action on {fit['dagger_agreement']:.1%} of its own decisions)"
+            if rounds > 1
+            else ""
+        )
         + (f" ({expert.missed} episodes no schedule finishes)" if expert.missed else "")
     )
     return fit

@@ -168,10 +168,12 @@ def test_a_clock_that_would_read_nothing_is_refused(env):
         LinkClockWrapper(LinkClockWrapper(env))
 
 
-def test_a_clock_read_by_mpc_s_timing_filter_runs_without_the_probe(tmp_path):
+@pytest.mark.parametrize("belief", [False, True])
+def test_a_clock_read_by_mpc_s_timing_filter_runs_without_the_probe(tmp_path, belief):
     """``link_clock: {reader: mpc}``: the features come from the link history of mpc reading
     its own timing; the policy runs no probe, the filter learns the dwells in the simulator,
-    is saved with the policy and comes back with it (given the env)."""
+    is saved with the policy and comes back with it (given the env). ``belief: true`` adds
+    the filter's link rate, its probability and the change probability mpc plans on."""
     from commgym.agents.features import FilterClock
     from commgym.env.sim.wire import LinkFit
 
@@ -181,6 +183,8 @@ def test_a_clock_read_by_mpc_s_timing_filter_runs_without_the_probe(tmp_path):
     fixture.save(cal)
     env = SimEnv(fixture, _env_cfg(network=FLAKY, probe_bytes=65536))
     clock = {"reader": "mpc", "calibration": str(cal), "learn_decisions": 40}
+    if belief:
+        clock["belief"] = True
     agent = make_agent(
         "ppo", env, seed=0, history=2, probe=False, link_clock=clock, n_steps=16, batch_size=16,
         obs_fields=["eval_loss", "elapsed_frac", "step_time_s"],
@@ -189,7 +193,8 @@ def test_a_clock_read_by_mpc_s_timing_filter_runs_without_the_probe(tmp_path):
     assert mpc.link_from == "timing" and mpc.prior_decisions > 0  # learned in the simulator
     assert agent.hyperparams["link_clock"] == clock
     # one episode through the clock: it counts the changes mpc's history holds
-    filt = FilterClock(mpc, env.config.time_budget_s)
+    filt = FilterClock(mpc, env.config.time_budget_s, belief=belief)
+    assert len(filt.fields) == (6 if belief else 3)
     obs, _ = env.reset(seed=5, options={"probe": False})
     topk_h2 = np.unravel_index(env.menu.entry_names().index("topk:0.01/25MB/H2"), env.menu.nvec)
     done, feats = False, []
@@ -199,8 +204,19 @@ def test_a_clock_read_by_mpc_s_timing_filter_runs_without_the_probe(tmp_path):
         assert info["measured"]["probe_s"] == 0.0
         done = term or trunc
     feats.append(filt.update(obs))
-    assert feats[0].tolist() == [0.0, 0.0, 0.0]  # no reading before the first decision
+    assert feats[0].tolist() == [0.0] * len(filt.fields)  # no reading before the first decision
     assert feats[-1][2] == min(filt.state["changes"] / 8, 1.0) and filt.state["changes"] >= 1
+    if belief:  # the filter's view: its link (log10 Gbit/s), that link's probability, p(change)
+        now = float(obs[[f.name for f in OBSERVATION_FIELDS].index("elapsed_frac")])
+        rate, p_link, p_change = mpc.link_outlook(filt.state, now * env.config.time_budget_s)
+        assert feats[-1][3] == pytest.approx(np.log10(rate / 1e9), abs=1e-6)
+        assert {round(10 ** float(f[3]) * 1e9) for f in feats[1:]} == {10**7, 10**10}
+        assert feats[-1][4] == pytest.approx(p_link) and 0.0 <= p_link <= 1.0
+        assert feats[-1][5] == pytest.approx(p_change) and 0.0 <= p_change <= 1.0
+        assert len({round(float(f[5]), 6) for f in feats[1:]}) > 1  # it moves with the dwell
+    assert agent.model.observation_space.shape == (
+        2 * (len(OBSERVATION_FIELDS) + len(filt.fields)),
+    )
     agent.learn(32)
     first = rollout(env, agent, 11, target_loss=0.2)
     path = agent.save(tmp_path / "ppo")

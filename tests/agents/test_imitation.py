@@ -164,6 +164,45 @@ def test_demonstrations_carry_discounted_returns_per_episode():
         oracle_demonstrations(agent.model.get_env(), SimScheduleExpert(), 1, gamma=0.5, explore=1.0)
 
 
+def test_a_dagger_round_plays_the_learner_and_labels_with_the_expert():
+    """DAgger (Ross et al. 2011): the learner plays, the expert (asked at every decision,
+    whoever plays) labels; warm_start's rounds add those states to the clone's set."""
+    env = _env()
+    agent = PPOAgent(env, seed=0, n_steps=64, batch_size=32, probe=False)
+    venv = agent.model.get_env()
+    sim = venv.get_attr("unwrapped")[0]
+    fixed = np.array([[0, 0, 0]])  # the learner: the menu's first entry everywhere
+    expert, advice, played = SimScheduleExpert(), [], []
+
+    def advising(env):
+        if env.decisions > 0:
+            played.append(env._prev_k)  # the entry the last decision ran
+        a = expert(env)
+        advice.append(tuple(a))
+        return a
+
+    def learner(obs):
+        assert obs.shape == (1, env.observation_space.shape[0])
+        return fixed
+
+    demos = oracle_demonstrations(venv, advising, 2, gamma=0.5, learner=learner)
+    assert demos.episodes == 2
+    assert [tuple(a) for a in demos.actions] == advice  # labels: the expert's
+    assert any(tuple(a) != (0, 0, 0) for a in demos.actions)  # ...not the learner's entry
+    assert played and set(played) == {0}  # what ran: the learner's entry, every decision
+    assert sim is venv.get_attr("unwrapped")[0]
+
+    clone = PPOAgent(
+        env, seed=0, n_steps=64, batch_size=32, n_epochs=1, history=2, normalize=True,
+        probe=False,
+    )  # fmt: skip
+    fit = clone.warm_start(SimScheduleExpert(), 6, epochs=40, batch_size=64, dagger_rounds=2)
+    assert fit["episodes"] == 18 and 0.0 <= fit["dagger_agreement"] <= 1.0
+    assert fit["accuracy"] >= 0.85, fit
+    with pytest.raises(ValueError, match="dagger_rounds"):
+        clone.warm_start(SimScheduleExpert(), 1, dagger_rounds=-1)
+
+
 def test_what_cannot_be_cloned_is_refused():
     env = _env()
     with pytest.raises(ValueError, match="actor-critic"):
