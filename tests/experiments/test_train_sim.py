@@ -200,7 +200,7 @@ def test_sim_warm_start_clones_the_reactive_oracle_before_rl(tmp_path, capsys):
 def test_sim_warm_start_clones_mpc_into_a_policy_with_a_link_clock(tmp_path, capsys):
     """``sim_warm_start: {expert: mpc}``: mpc learns the links' dwells in the simulator,
     then its episodes are cloned into a probe-free PPO policy whose link clock reads mpc's
-    timing filter (flaky-link-clock's recipe)."""
+    timing filter and its belief (flaky-link-clock's recipe), with a DAgger round after."""
     import warnings
 
     from mlflow import MlflowClient
@@ -217,9 +217,9 @@ def test_sim_warm_start_clones_mpc_into_a_policy_with_a_link_clock(tmp_path, cap
     cal.wire.links[10**10] = {k: LinkFit(3e-4, 1.0) for k in ("allreduce", "allgather")}
     cal.save(tmp_path / "cal.json")
     kwargs = {"n_steps": 16, "batch_size": 16, "n_epochs": 1, "history": 2, "probe": False,
-              "link_clock": {"reader": "mpc", "learn_decisions": 40}}  # fmt: skip
+              "link_clock": {"reader": "mpc", "learn_decisions": 40, "belief": True}}  # fmt: skip
     warm = {"episodes": 3, "epochs": 5, "expert": "mpc", "expert_timesteps": 40,
-            "expert_kwargs": {"link_from": "timing"}}  # fmt: skip
+            "expert_kwargs": {"link_from": "timing"}, "dagger_rounds": 1}  # fmt: skip
     cfg = RunConfig(
         agent="ppo", agent_kwargs={"ppo": kwargs}, timesteps=16,
         env=_env_cfg(network=flaky, probe_bytes=65536).to_dict(), env_kind="sim",
@@ -235,8 +235,12 @@ def test_sim_warm_start_clones_mpc_into_a_policy_with_a_link_clock(tmp_path, cap
             run_id = run.run_id
     out = capsys.readouterr().out
     assert "mpc learning the links" in out and "(the model-predictive agent)" in out
+    flat = " ".join(out.split())  # the console wraps long lines
+    assert "(1 DAgger rounds; before the last round's fit it played the expert's" in flat
     metrics = MlflowClient(tracking_uri=uri).get_run(run_id).data.metrics
-    assert metrics["train/bc_episodes"] == 3 and metrics["train/bc_skipped"] == 0
+    assert metrics["train/bc_episodes"] == 6 and metrics["train/bc_skipped"] == 0
+    assert 0.0 <= metrics["train/bc_dagger_agreement"] <= 1.0
+    assert agent.link_clock["belief"] is True
     # the clock reads mpc's timing filter over the run's calibration, learned in the simulator
     assert agent.link_clock["calibration"] == str(tmp_path / "cal.json")
     assert agent._clock_filter.prior_decisions > 0 and agent.model.num_timesteps >= 16
@@ -248,6 +252,8 @@ def test_sim_warm_start_clones_mpc_into_a_policy_with_a_link_clock(tmp_path, cap
         RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "expert_timesteps": 9})
     with pytest.raises(ValueError, match="opening is the oracle expert's"):
         RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "expert": "mpc", "opening": None})
+    with pytest.raises(ValueError, match="dagger_rounds"):
+        RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "dagger_rounds": -1})
 
 
 def test_a_learner_whose_searches_are_its_own_size_shows_their_bars(tmp_path, monkeypatch, capsys):
