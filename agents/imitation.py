@@ -186,6 +186,10 @@ class AgentExpert:
         self._states: dict[int, Any] = {}
         self.episodes = 0
         self.missed = 0  # an agent always advises
+        #: regret of every flat entry at the last advice, s (``None``: the agent planned
+        #: nothing there): its plan's expected times less the best, where it exposes them
+        #: (``plan_times``, the model-predictive agent's)
+        self.last_regret_s: np.ndarray | None = None
 
     def __call__(self, env: Any) -> np.ndarray:
         """The agent's ``MultiDiscrete`` action ``(3,)`` int64 for ``env``'s next decision.
@@ -203,6 +207,8 @@ class AgentExpert:
             deterministic=True,
         )
         self._states[id(env)] = state
+        times = getattr(self.agent, "plan_times", None)
+        self.last_regret_s = None if times is None else times - times.min()
         return np.asarray(action, dtype=np.int64).reshape(3)
 
 
@@ -236,6 +242,9 @@ class Demonstrations:
         episodes: whole episodes recorded.
         skipped: decisions played without advice (an episode no schedule can finish; they
             are not recorded).
+        regret_s: ``(n, entries)`` float64, the expert's expected regret of every flat
+            menu entry at each decision, s (NaN rows where it planned nothing), or ``None``
+            where the expert exposes none (:attr:`AgentExpert.last_regret_s`).
     """
 
     observations: np.ndarray
@@ -243,6 +252,21 @@ class Demonstrations:
     returns: np.ndarray
     episodes: int
     skipped: int
+    regret_s: np.ndarray | None = None
+
+    def __add__(self, other: Demonstrations) -> Demonstrations:
+        """Both sets of decisions, in order (a DAgger round's aggregation)."""
+        regret = None
+        if self.regret_s is not None and other.regret_s is not None:
+            regret = np.concatenate([self.regret_s, other.regret_s])
+        return Demonstrations(
+            observations=np.concatenate([self.observations, other.observations]),
+            actions=np.concatenate([self.actions, other.actions]),
+            returns=np.concatenate([self.returns, other.returns]),
+            episodes=self.episodes + other.episodes,
+            skipped=self.skipped + other.skipped,
+            regret_s=regret,
+        )
 
 
 def oracle_demonstrations(
@@ -298,10 +322,14 @@ def oracle_demonstrations(
     envs = venv.get_attr("unwrapped")
     obs = venv.reset()
     raw = normalizer.get_original_obs() if normalizer is not None else obs
-    trails: list[list[tuple[np.ndarray, np.ndarray, float]]] = [[] for _ in range(n)]
+    trails: list[list[tuple[np.ndarray, np.ndarray, float, np.ndarray | None]]] = [
+        [] for _ in range(n)
+    ]
     out_obs: list[np.ndarray] = []
     out_act: list[np.ndarray] = []
     out_ret: list[float] = []
+    out_reg: list[np.ndarray | None] = []
+    regrets: list[np.ndarray | None] = [None] * n
     done_eps = skipped = 0
     rng = np.random.default_rng(seed)
     while done_eps < episodes:
@@ -314,6 +342,7 @@ def oracle_demonstrations(
             # (mpc's link filter) must see each decision's outcome to label the next
             a = expert(env)
             advised.append(a is not None)
+            regrets[i] = getattr(expert, "last_regret_s", None)
             drawn = [int(rng.integers(v)) for v in env.menu.nvec]
             # no schedule finishes this episode: any action ends it at the budget
             actions[i] = a if a is not None else drawn
@@ -324,28 +353,38 @@ def oracle_demonstrations(
         raw = normalizer.get_original_obs() if normalizer is not None else obs
         for i in range(n):
             if advised[i]:
-                trails[i].append((obs_before[i].copy(), actions[i].copy(), float(rewards[i])))
+                trails[i].append(
+                    (obs_before[i].copy(), actions[i].copy(), float(rewards[i]), regrets[i])
+                )
             else:
                 skipped += 1
             if dones[i]:
                 ret = 0.0
                 rows = []
-                for o, a, r in reversed(trails[i]):
+                for o, a, r, g in reversed(trails[i]):
                     ret = r + gamma * ret
-                    rows.append((o, a, ret))
-                for o, a, r in reversed(rows):
+                    rows.append((o, a, ret, g))
+                for o, a, r, g in reversed(rows):
                     out_obs.append(o)
                     out_act.append(a)
                     out_ret.append(r)
+                    out_reg.append(g)
                 trails[i] = []
                 done_eps += 1
                 if callback is not None:
                     callback()
     d = int(np.prod(venv.observation_space.shape))
+    regret = None
+    if any(g is not None for g in out_reg):
+        width = next(len(g) for g in out_reg if g is not None)
+        regret = np.array(
+            [np.full(width, np.nan) if g is None else g for g in out_reg], dtype=np.float64
+        ).reshape(-1, width)
     return Demonstrations(
         observations=np.asarray(out_obs, dtype=np.float32).reshape(-1, d),
         actions=np.asarray(out_act, dtype=np.int64).reshape(-1, 3),
         returns=np.asarray(out_ret, dtype=np.float32),
         episodes=done_eps,
         skipped=skipped,
+        regret_s=regret,
     )

@@ -248,6 +248,10 @@ class ModelPredictiveAgent(StepAgent):
         self._trace_read = False
         #: wall seconds of the last plan (decision time, reported by tests and benches)
         self.plan_s = 0.0
+        #: the last plan's expected time to target of every flat entry, s (``None``: the
+        #: last decision was played without a plan, before any reading of the link); what a
+        #: clone's cost-weighted imitation reads (:class:`~commgym.agents.imitation.AgentExpert`)
+        self.plan_times: np.ndarray | None = None
         #: the link rate the last plan assumed, bit/s (None: unshaped)
         self.rate_bit_s: float | None = None
 
@@ -532,6 +536,7 @@ class ModelPredictiveAgent(StepAgent):
         rate, posterior = self.read_link(obs, state, start) if now > 0.0 else ("unknown", {})
         if rate == "unknown":  # no measurement of the link yet
             self.plan_s = time.perf_counter() - t0
+            self.plan_times = None
             return self._action(self._safe), state
         prev = self._entry_of(obs)
         # the reading timed the link of the decision that started at the last decision point
@@ -558,6 +563,7 @@ class ModelPredictiveAgent(StepAgent):
         )
         k = int(np.argmin(times))
         self.plan_s = time.perf_counter() - t0
+        self.plan_times = np.asarray(times, dtype=np.float64)
         return self._action(k), {**state, "now": now}
 
     def _action(self, k: int) -> np.ndarray:

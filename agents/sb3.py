@@ -499,6 +499,7 @@ class SB3Agent(Agent):
         learning_rate: float = 1e-3,
         explore: float = 0.0,
         dagger_rounds: int = 0,
+        regret_scale_s: float | None = None,
         callback: Any = None,
     ) -> dict[str, float]:
         """Behaviour-clone ``expert`` on the env this agent learns on, before RL.
@@ -527,6 +528,9 @@ class SB3Agent(Agent):
                 expert's own states; a clone that agrees on 97 % of them can still keep a
                 dense entry a decision too long where the expert would not, a state the
                 expert never visits (int >= 0; 0: plain behaviour cloning).
+            regret_scale_s: weigh each decision by what the clone's current choice there
+                would cost (:meth:`behaviour_clone`'s ``regret_scale_s``); needs an expert
+                that prices every entry (``mpc``). ``None``: every decision alike.
             callback: called after each recorded episode.
 
         Returns:
@@ -540,6 +544,13 @@ class SB3Agent(Agent):
             TypeError: the expert cannot read this env (not the simulator).
         """
         from commgym.agents.imitation import Demonstrations, oracle_demonstrations
+
+        fit_kwargs = {
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "learning_rate": learning_rate,
+            "regret_scale_s": regret_scale_s,
+        }
 
         self._check_clonable()
         check_int("dagger_rounds", dagger_rounds, 0)
@@ -560,9 +571,7 @@ class SB3Agent(Agent):
             )
 
         demos = record(None, 0)
-        fit = self.behaviour_clone(
-            demos, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate
-        )
+        fit = self.behaviour_clone(demos, **fit_kwargs)
         if self._norm is not None:
             # what the clone learned is relative to these statistics: measured on
             # flaky-link's simulator, letting them move on during 2,048 PPO decisions at
@@ -580,16 +589,8 @@ class SB3Agent(Agent):
             # how often it already agreed with the expert on its own states
             mine = self._clone_actions(new.observations)
             extra["dagger_agreement"] = float((mine == new.actions).all(axis=1).mean())
-            demos = Demonstrations(
-                observations=np.concatenate([demos.observations, new.observations]),
-                actions=np.concatenate([demos.actions, new.actions]),
-                returns=np.concatenate([demos.returns, new.returns]),
-                episodes=demos.episodes + new.episodes,
-                skipped=demos.skipped + new.skipped,
-            )
-            fit = self.behaviour_clone(
-                demos, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate
-            )
+            demos = demos + new
+            fit = self.behaviour_clone(demos, **fit_kwargs)
         # SB3 resets its env at the start of learn() only on its first call; the cloning
         # episodes left it mid-episode, so learn() must start from a reset
         self.model._last_obs = None
@@ -626,6 +627,7 @@ class SB3Agent(Agent):
         learning_rate: float = 1e-3,
         ent_weight: float = 1e-3,
         vf_weight: float = 0.5,
+        regret_scale_s: float | None = None,
     ) -> dict[str, float]:
         """Fit the policy to demonstrations (behaviour cloning) and the critic to their returns.
 
@@ -644,6 +646,14 @@ class SB3Agent(Agent):
             learning_rate: Adam's step size (> 0).
             ent_weight: weight of the entropy bonus (>= 0).
             vf_weight: weight of the value loss (>= 0).
+            regret_scale_s: cost-sensitive cloning (> 0, s; ``None``: off): each decision's
+                log-likelihood term is weighted ``1 + r / regret_scale_s`` (at most
+                :data:`MAX_REGRET_WEIGHT`), ``r`` the expert's expected regret, s, of the
+                entry the policy now plays there (``demos.regret_s``, recomputed every
+                minibatch), normalised by the minibatch's weights. A 0/1 imitation loss weighs
+                a mistake that costs a 12 s decision on a slow link like one that costs
+                10 ms; weighting by the learner's own cost-to-go is what AggreVaTe (Ross &
+                Bagnell, 2014) adds to DAgger, here with the expert's model as the cost.
 
         Returns:
             ``{"decisions", "nll", "accuracy", "value_mse"}`` on the demonstrations after
@@ -651,9 +661,23 @@ class SB3Agent(Agent):
             action (the mode of every dimension) is the expert's.
 
         Raises:
-            ValueError: no demonstrations, bad sizes, a policy without an action likelihood.
+            ValueError: no demonstrations, bad sizes, a policy without an action likelihood;
+                ``regret_scale_s`` not > 0, or given for demonstrations without regrets.
         """
         self._check_clonable()
+        regret = None
+        if regret_scale_s is not None:
+            if isinstance(regret_scale_s, bool) or not float(regret_scale_s) > 0:
+                raise ValueError(f"regret_scale_s must be > 0 s, got {regret_scale_s!r}")
+            if demos.regret_s is None:
+                raise ValueError(
+                    "regret_scale_s weighs each decision by the expert's priced regret; "
+                    "these demonstrations hold none (the expert must price every entry: "
+                    "expert mpc), drop regret_scale_s"
+                )
+            regret = torch.as_tensor(np.nan_to_num(demos.regret_s, nan=0.0))
+            nvec = tuple(int(v) for v in self.model.action_space.nvec)
+            strides = torch.tensor([nvec[1] * nvec[2], nvec[2], 1], dtype=torch.int64)
         check_int("epochs", epochs, 1)
         check_int("batch_size", batch_size, 1)
         if not learning_rate > 0 or ent_weight < 0 or vf_weight < 0:
@@ -676,7 +700,15 @@ class SB3Agent(Agent):
         for _ in range(int(epochs)):
             for idx in torch.randperm(n, generator=gen).split(int(batch_size)):
                 values, logp, entropy = policy.evaluate_actions(obs[idx], acts[idx])
-                loss = -logp.mean() - ent_weight * entropy.mean()
+                if regret is None:
+                    nll = -logp.mean()
+                else:
+                    with torch.no_grad():  # the entry the policy plays now, its cost there
+                        k = (policy.get_distribution(obs[idx]).mode() * strides).sum(dim=1)
+                        r = regret[idx].gather(1, k.reshape(-1, 1)).flatten()
+                        w = (1.0 + r / float(regret_scale_s)).clamp(max=MAX_REGRET_WEIGHT)
+                    nll = -(w.float() * logp).sum() / w.sum().float()
+                loss = nll - ent_weight * entropy.mean()
                 loss = loss + vf_weight * torch.mean((values.flatten() - rets[idx]) ** 2)
                 opt.zero_grad()
                 loss.backward()
@@ -851,6 +883,10 @@ def _check_normalize(normalize: Any) -> dict[str, Any] | None:
         f"normalize must be true, false or a dict of VecNormalize arguments, got {normalize!r}"
     )
 
+
+#: the largest weight cost-sensitive cloning gives one decision (``regret_scale_s``): a
+#: handful of 24 s decisions must not drown the rest of the demonstrations
+MAX_REGRET_WEIGHT = 100.0
 
 #: ``link_clock: {reader: mpc, ...}``'s keys, and the probe clock's.
 _FILTER_KEYS = {"reader", "calibration", "learn_decisions", "belief"}

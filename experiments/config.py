@@ -98,6 +98,9 @@ class RunConfig:
             ``dagger_rounds: R`` (default 0) adds R DAgger rounds after the clone: N
             episodes each played by the clone and labelled by the expert, the policy
             refitted on all of them (:meth:`~commgym.agents.sb3.SB3Agent.warm_start`).
+            ``regret_scale_s: s`` (mpc expert only) weighs each decision by the expert's
+            priced regret of the entry the clone plays there
+            (:meth:`~commgym.agents.sb3.SB3Agent.behaviour_clone`).
         tuning_decisions: real decisions each tuning baseline (``bayesopt``, ``grid``,
             ``bandit``, ``accordion``, ``adacomm``, learning agents) spends tuning before
             it is evaluated; ``None``: as many as the learned agent saw on real ranks
@@ -324,7 +327,7 @@ class RunConfig:
             "expert_timesteps": 1,
             "dagger_rounds": 0,
         }
-        others = {"learning_rate", "opening", "expert", "expert_kwargs"}
+        others = {"learning_rate", "opening", "expert", "expert_kwargs", "regret_scale_s"}
         if not isinstance(w, dict) or "episodes" not in w or not set(w) <= {*known, *others}:
             raise ValueError(
                 "sim_warm_start must be a mapping with 'episodes' and optionally "
@@ -359,9 +362,15 @@ class RunConfig:
         for name, low in known.items():
             if name in w:
                 check_int(f"sim_warm_start.{name}", w[name], low)
-        lr = w.get("learning_rate", 1e-3)
-        if isinstance(lr, bool) or not isinstance(lr, int | float) or not lr > 0:
-            raise ValueError(f"sim_warm_start.learning_rate must be a number > 0, got {lr!r}")
+        for name in ("learning_rate", "regret_scale_s"):
+            v = w.get(name, 1.0)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+                raise ValueError(f"sim_warm_start.{name} must be a number > 0, got {v!r}")
+        if "regret_scale_s" in w and expert != "mpc":
+            raise ValueError(
+                "sim_warm_start.regret_scale_s weighs decisions by the expert's priced regret, "
+                "which only the mpc expert gives; set expert: mpc, or drop regret_scale_s"
+            )
         if self.env_kind != "sim":
             raise ValueError(
                 "sim_warm_start clones the simulator's oracle before RL; env_kind is "

@@ -203,6 +203,55 @@ def test_a_dagger_round_plays_the_learner_and_labels_with_the_expert():
         clone.warm_start(SimScheduleExpert(), 1, dagger_rounds=-1)
 
 
+def test_cost_weighted_cloning_follows_the_label_whose_miss_costs_most():
+    """``regret_scale_s``: one observation, labelled half A, half B; missing A costs 10 s,
+    missing B 10 ms. The 0/1 loss has no reason to prefer either; weighted by the regret of
+    what the clone plays, it learns A (AggreVaTe's cost-to-go, the expert's model as cost)."""
+    from commgym.agents.imitation import AgentExpert, Demonstrations
+
+    env = _env()
+    agent = PPOAgent(env, seed=0, n_steps=64, batch_size=32, probe=False)
+    d = env.observation_space.shape[0]
+    nvec = tuple(int(v) for v in env.menu.nvec)
+    k_a, k_b = 0, int(np.prod(nvec)) - 1
+    a, b = np.unravel_index(k_a, nvec), np.unravel_index(k_b, nvec)
+    n = 256
+    regret = np.zeros((n, int(np.prod(nvec))))
+    regret[: n // 2, k_b] = 10.0  # labelled A: playing B there costs 10 s
+    regret[n // 2 :, k_a] = 0.01  # labelled B: playing A there costs 10 ms
+    demos = Demonstrations(
+        observations=np.zeros((n, d), dtype=np.float32),
+        actions=np.array([a] * (n // 2) + [b] * (n // 2), dtype=np.int64),
+        returns=np.zeros(n, dtype=np.float32), episodes=1, skipped=0, regret_s=regret,
+    )  # fmt: skip
+    agent.behaviour_clone(demos, epochs=30, batch_size=64, regret_scale_s=0.1)
+    assert agent._clone_actions(demos.observations[:1]).tolist() == [list(a)]
+    # the opposite costs (missing B costs 10 s) teach the opposite label
+    swapped = np.zeros_like(regret)
+    swapped[: n // 2, k_b] = 0.01
+    swapped[n // 2 :, k_a] = 10.0
+    demos.regret_s = swapped
+    other = PPOAgent(env, seed=0, n_steps=64, batch_size=32, probe=False)
+    other.behaviour_clone(demos, epochs=30, batch_size=64, regret_scale_s=0.1)
+    assert other._clone_actions(demos.observations[:1]).tolist() == [list(b)]
+    with pytest.raises(ValueError, match="regret_scale_s must be > 0"):
+        agent.behaviour_clone(demos, regret_scale_s=0.0)
+    demos.regret_s = None
+    with pytest.raises(ValueError, match="hold none"):
+        agent.behaviour_clone(demos, regret_scale_s=0.1)
+
+    class Priced:  # an agent that prices every entry, as mpc does
+        plan_times = np.array([3.0, 1.0, 2.0])
+
+        def predict(self, obs, state, episode_start, deterministic):
+            return np.array([0, 0, 1]), state
+
+    expert = AgentExpert(Priced())
+    env.reset(seed=1, options={"probe": False})
+    expert(env)
+    np.testing.assert_array_equal(expert.last_regret_s, [2.0, 0.0, 1.0])
+
+
 def test_what_cannot_be_cloned_is_refused():
     env = _env()
     with pytest.raises(ValueError, match="actor-critic"):

@@ -219,7 +219,8 @@ def test_sim_warm_start_clones_mpc_into_a_policy_with_a_link_clock(tmp_path, cap
     kwargs = {"n_steps": 16, "batch_size": 16, "n_epochs": 1, "history": 2, "probe": False,
               "link_clock": {"reader": "mpc", "learn_decisions": 40, "belief": True}}  # fmt: skip
     warm = {"episodes": 3, "epochs": 5, "expert": "mpc", "expert_timesteps": 40,
-            "expert_kwargs": {"link_from": "timing"}, "dagger_rounds": 1}  # fmt: skip
+            "expert_kwargs": {"link_from": "timing"}, "dagger_rounds": 1,
+            "regret_scale_s": 0.1}  # fmt: skip
     cfg = RunConfig(
         agent="ppo", agent_kwargs={"ppo": kwargs}, timesteps=16,
         env=_env_cfg(network=flaky, probe_bytes=65536).to_dict(), env_kind="sim",
@@ -254,6 +255,12 @@ def test_sim_warm_start_clones_mpc_into_a_policy_with_a_link_clock(tmp_path, cap
         RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "expert": "mpc", "opening": None})
     with pytest.raises(ValueError, match="dagger_rounds"):
         RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "dagger_rounds": -1})
+    with pytest.raises(ValueError, match="only the mpc expert gives"):
+        RunConfig(env_kind="sim", sim_warm_start={"episodes": 3, "regret_scale_s": 0.1})
+    with pytest.raises(ValueError, match="regret_scale_s must be a number > 0"):
+        RunConfig(
+            env_kind="sim", sim_warm_start={"episodes": 3, "expert": "mpc", "regret_scale_s": 0}
+        )
 
 
 def test_a_learner_whose_searches_are_its_own_size_shows_their_bars(tmp_path, monkeypatch, capsys):
