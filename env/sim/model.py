@@ -34,7 +34,6 @@ Learning progress is :class:`~commgym.env.sim.progress.ProgressModel` (link-inde
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +42,7 @@ import numpy as np
 
 from commgym.collectives import CompressionSpec
 from commgym.env.sim.calibration import Calibration
-from commgym.env.sim.progress import ProgressModel
+from commgym.env.sim.progress import ProgressModel, interp_scalar
 
 __all__ = ["DecisionTiming", "SimModel"]
 
@@ -206,7 +205,7 @@ class SimModel:
         ``target`` where :meth:`reaches` holds.
         """
         lv, pos = self.tables[k]
-        return _interp(-math.log(max(loss, 1e-8)), lv, pos)
+        return interp_scalar(-math.log(max(loss, 1e-8)), lv, pos)
 
     def reaches(self, k: int, loss: float) -> bool:
         """Whether entry ``k``'s fitted progress ever gets down to ``loss``."""
@@ -224,7 +223,7 @@ class SimModel:
     def advance(self, k: int, loss: float, adv: float) -> float:
         """Held-out loss after ``adv`` decisions' worth of flat entry ``k``'s progress."""
         lv, pos = self.tables[k]
-        return math.exp(-_interp(self.position(k, loss) + adv, pos, lv))
+        return math.exp(-interp_scalar(self.position(k, loss) + adv, pos, lv))
 
     def next_loss(self, k: int, loss: float, prev: int = -1, fresh: bool = False) -> float:
         """Held-out loss after one decision of flat entry ``k`` from ``loss``.
@@ -245,17 +244,4 @@ class SimModel:
         """Held-out accuracy at ``loss`` (the calibration's read-out; NaN without one)."""
         if self._acc is None:
             return math.nan
-        return _interp(loss, self._acc[0], self._acc[1])
-
-
-def _interp(x: float, xs: list[float], ys: list[float]) -> float:
-    """``np.interp`` for one scalar on plain lists (``xs`` non-decreasing; clamped ends)."""
-    i = bisect.bisect_right(xs, x)
-    if i <= 0:
-        return ys[0]
-    if i >= len(xs):
-        return ys[-1]
-    x0, x1 = xs[i - 1], xs[i]
-    if x1 <= x0:
-        return ys[i]
-    return ys[i - 1] + (x - x0) * (ys[i] - ys[i - 1]) / (x1 - x0)
+        return interp_scalar(loss, self._acc[0], self._acc[1])

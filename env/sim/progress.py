@@ -35,7 +35,9 @@ target) raises at construction of the env.
 
 from __future__ import annotations
 
+import bisect
 import copy
+import functools
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -64,6 +66,7 @@ _FAMILIES = (
 )
 
 
+@functools.cache  # menus are small; the fits ask millions of times
 def switch_family(entry: str) -> str:
     """The compressor family of a menu entry (``str(CommConfig)``, e.g. ``topk:0.01/25MB/H1``).
 
@@ -104,6 +107,28 @@ def _positions(curve: Sequence[float], levels: np.ndarray) -> np.ndarray:
         y0, y1 = y[k - 1], y[k]
         out[j] = (k - 1) + ((y0 - lv) / (y0 - y1) if y0 > y1 else 1.0)
     return out
+
+
+def interp_scalar(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """``np.interp(x, xs, ys)`` for one scalar on plain lists, ~6x faster than numpy's call.
+
+    Args:
+        x: where to read.
+        xs: non-decreasing abscissae (ties allowed: the last of them answers).
+        ys: ordinates, ``len(ys) == len(xs)``.
+
+    Returns:
+        The linear interpolation, clamped to ``ys[0]`` / ``ys[-1]`` outside ``xs``.
+    """
+    i = bisect.bisect_right(xs, x)
+    if i <= 0:
+        return ys[0]
+    if i >= len(xs):
+        return ys[-1]
+    x0, x1 = xs[i - 1], xs[i]
+    if x1 <= x0:
+        return ys[i]
+    return ys[i - 1] + (x - x0) * (ys[i] - ys[i - 1]) / (x1 - x0)
 
 
 class ProgressModel:
@@ -153,6 +178,11 @@ class ProgressModel:
             self.pos[e] = np.maximum.accumulate(self.pos[e])
         # the inverse tables (position -> level), one per entry: monotone in position
         self._lv = self.levels
+        # the same tables as plain lists: the fits step the model millions of times, and one
+        # scalar np.interp costs ~2 us against ~0.3 us for interp_scalar on lists
+        self._neg_lv = (-self._lv).tolist()
+        self._lv_list = self._lv.tolist()
+        self._pos = {e: p.tolist() for e, p in self.pos.items()}
 
     def _set_penalties(
         self,
@@ -203,13 +233,12 @@ class ProgressModel:
 
     def position(self, entry: str, loss: float) -> float:
         """Decisions of ``entry`` from the reset to ``loss`` (fractional)."""
-        lv = np.log(max(loss, 1e-8))
         # levels descend: interpolate on the reversed (ascending) axis
-        return float(np.interp(-lv, -self._lv, self.pos[entry]))
+        return interp_scalar(-math.log(max(loss, 1e-8)), self._neg_lv, self._pos[entry])
 
     def loss_at(self, entry: str, position: float) -> float:
         """Held-out loss at ``position`` decisions along ``entry``'s curve."""
-        return float(np.exp(np.interp(position, self.pos[entry], self._lv)))
+        return math.exp(interp_scalar(position, self._pos[entry], self._lv_list))
 
     def step(self, entry: str, loss: float, prev: str | None = None, fresh: bool = False) -> float:
         """Held-out loss after one decision of ``entry`` from ``loss``.
@@ -477,10 +506,10 @@ def _open_loop_error(
         fresh, prev = prev is not None and e != prev, e
         if losses[i + 1] < model.floor_loss:  # below the model's floor it answers nothing
             break
-        err.append(abs(np.log(loss) - np.log(max(losses[i + 1], 1e-8))))
+        err.append(abs(math.log(loss) - math.log(max(losses[i + 1], 1e-8))))
     if squared:
-        return float(np.sum(np.square(err)))
-    return float(np.mean(err)) if err else float("nan")
+        return math.fsum(e * e for e in err)
+    return math.fsum(err) / len(err) if err else float("nan")
 
 
 def _static_open_loop_error(

@@ -31,6 +31,7 @@ from commgym.env.sim import (
     switch_pair,
     workload_key,
 )
+from commgym.env.sim.progress import interp_scalar
 from commgym.env.sim.wire import LinkFit, ring_uplink_bytes
 from commgym.env.surrogate import AlphaBeta
 
@@ -560,3 +561,13 @@ def test_oracles_in_the_simulator():
     best = min(simulate(model, fixed, 5, [(0.0, j)])[0] or math.inf for j in range(4))
     assert math.isfinite(best)
     assert best_schedule_time(model, fixed, 5) == pytest.approx(best)
+
+
+def test_interp_scalar_is_numpys_interp_on_lists():
+    """The fits' scalar interpolation against ``np.interp``: ties, clamped ends, exact knots."""
+    rng = np.random.default_rng(3)
+    xs = np.sort(np.concatenate([rng.uniform(0, 10, 40), [2.5, 2.5, 2.5, 7.0, 7.0]]))
+    ys = np.cumsum(rng.uniform(0, 1, len(xs)))
+    probes = np.concatenate([rng.uniform(-2, 12, 500), xs, [xs[0], xs[-1], -1e9, 1e9]])
+    got = [interp_scalar(float(x), xs.tolist(), ys.tolist()) for x in probes]
+    np.testing.assert_allclose(got, np.interp(probes, xs, ys), rtol=1e-12, atol=1e-12)
