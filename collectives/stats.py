@@ -21,7 +21,7 @@ class StepStats:
             of the last bucket's payload included, and the used-flag all-reduce on a
             step where ``none``/``fp16``/``bf16`` must ask; see
             ``GradientSynchronizer.control_bytes``); 0 on a local-SGD step.
-            Instrumentation traffic (the exact reference used for ``compression_error``)
+            Instrumentation traffic (the reference all-reduce behind ``compression_error``)
             is not counted.
         compute_s: forward + backward time not spent compressing (from the model's first
             forward after the previous step to the start of ``synchronize()``).
@@ -29,15 +29,17 @@ class StepStats:
         compress_s: time spent in compress/decompress (in hooks and in ``synchronize``).
         bucket_bytes: actual size of each bucket in bytes (bucket order).
         compression_error: ``||g - g_hat|| / ||g||`` on the aggregated (mean) gradient,
-            where ``g`` is the exact mean; 0.0 for lossless paths; ``None`` when not
+            where ``g`` is the exact mean, read on the synchronizer's ``error_sample``
+            coordinates per bucket (a fixed uniform sample; all of them for smaller
+            buckets or ``error_sample=0``); 0.0 for lossless paths; ``None`` when not
             measured this step (see ``error_every``) or when ``||g|| == 0``.
         grad_norm: L2 norm of the aggregated gradient written into ``.grad``.
         nonfinite: True on *every* rank if any rank's gradient held NaN/inf.
         synchronized: False on local-SGD steps (gradients stayed local).
         collectives: number of collective calls issued this step.
         instrumentation_s: host time ``synchronize()`` spent after the measured region
-            (resolving timings, gradient norm, the exact reference all-reduce for
-            ``compression_error``). Not part of the training step: subtract it from a
+            (resolving timings, gradient norm, the reference all-reduce of the sampled
+            coordinates for ``compression_error``). Not part of the training step: subtract it from a
             wall-clock measurement around ``synchronize()`` to get the step's own time.
     """
 

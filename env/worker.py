@@ -190,7 +190,7 @@ class RankRunner:
         accuracy of the consensus model, and whether anything was non-finite; beside them
         the handler's own timings, seconds: ``reconfigure_s`` (part of ``train_time_s``),
         ``instrumentation_s`` (the synchronizer's statistics summed over the iterations,
-        e.g. the exact all-reduce behind ``compression_error``: wall time that is not
+        e.g. the reference all-reduce behind ``compression_error``: wall time that is not
         training time) and ``handler_s`` (the whole command on this rank).
         """
         if self.sync is None or self.model is None:
@@ -219,7 +219,7 @@ class RankRunner:
             st = sync.synchronize()
             opt.step()
             avg = sync.after_optimizer_step()
-            # commgym's own statistics (e.g. the exact all-reduce behind
+            # commgym's own statistics (e.g. the reference all-reduce behind
             # compression_error) are not training time: a real job would not pay them
             rec.record_step(
                 time.perf_counter() - t0 - st.instrumentation_s, loss.detach(), st, avg.bytes_sent

@@ -25,7 +25,7 @@ parts sum to ``env_step_s`` minus the slowest rank's ``train_time_s``; see
   connections, waking the processes);
 * on the rank whose handler took longest: the held-out evaluation (``eval_s``),
   commgym's statistics inside the iterations (``instrumentation_s``: gradient norm and
-  non-finite check, the exact all-reduce behind ``compression_error``), the rest of its
+  non-finite check, the reference all-reduce behind ``compression_error``), the rest of its
   handler (per-iteration bookkeeping after each timer, reducing the losses, building
   the reply), and the rank skew (its ``train_time_s`` minus the slowest one's, <= 0).
 
@@ -290,7 +290,7 @@ def _print_report(console: Console, res: dict[str, Any]) -> None:
             "commgym's statistics",
             "instrumentation_s",
             "its instrumentation_s: gradient norm / non-finite check every iteration, the "
-            "exact all-reduce behind compression_error once (lossy entries)",
+            "reference all-reduce behind compression_error once (lossy entries; its sampled coordinates)",
         ),
         (
             "rest of the handler",
