@@ -39,8 +39,9 @@ class StepStats:
         collectives: number of collective calls issued this step.
         instrumentation_s: host time ``synchronize()`` spent after the measured region
             (resolving timings, gradient norm, the reference all-reduce of the sampled
-            coordinates for ``compression_error``). Not part of the training step: subtract it from a
-            wall-clock measurement around ``synchronize()`` to get the step's own time.
+            coordinates for ``compression_error``). Not part of the training step:
+            subtract it from a wall-clock measurement around ``synchronize()`` to get the
+            step's own time.
     """
 
     step: int

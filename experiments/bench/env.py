@@ -290,7 +290,8 @@ def _print_report(console: Console, res: dict[str, Any]) -> None:
             "commgym's statistics",
             "instrumentation_s",
             "its instrumentation_s: gradient norm / non-finite check every iteration, the "
-            "reference all-reduce behind compression_error once (lossy entries; its sampled coordinates)",
+            "reference all-reduce behind compression_error once (lossy entries; sampled "
+            "coordinates)",
         ),
         (
             "rest of the handler",
