@@ -66,31 +66,6 @@ def test_train_on_surrogate_evaluates_on_real_ranks(collected):
     assert parent.data.params["env_kind"] == "surrogate"
 
 
-def test_train_collects_and_fits_the_surrogate_first(tmp_path):
-    """No surrogate file: real decisions are recorded, fitted, logged, then PPO learns."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    out = _run(
-        [
-            "train", "--config", "smoke", "--env", "surrogate", "--surrogate-decisions", "12",
-            "--tracking-uri", uri, "--output-dir", str(tmp_path / "out"), "--episodes", "1",
-        ],
-        tmp_path,
-    )  # fmt: skip
-    assert "recording real decisions for the surrogate" in out and "12/12 decisions" in out
-    assert "sim-to-real gap" in out
-    assert (tmp_path / "out" / "surrogate.joblib").exists()
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name("commgym-smoke")
-    (parent,) = [
-        r
-        for r in client.search_runs([exp.experiment_id])
-        if r.data.tags.get("commgym.command") == "train"
-    ]
-    names = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"transitions.csv", "surrogate.joblib", "transitions.bench.json"} <= names
-    assert "sim2real/gap" in parent.data.metrics
-
-
 def test_config_env_kind_validation():
     with pytest.raises(ValueError, match=r"env_kind must be one of \['real', 'surrogate', 'sim'\]"):
         load_run_config("smoke", {"env_kind": "simulator"})

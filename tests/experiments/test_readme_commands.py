@@ -57,6 +57,9 @@ LANES = 2
 
 #: (key, runnable form) of every Run row, in README order.
 ROWS = [(k, f) for k, row in COMMANDS.items() if isinstance(row, Run) for f in expand(k)]
+#: Tests that read what a README row left behind (its output, folder, MLflow store) instead of
+#: running the same command again; each is parametrized by ``form`` like the runner's test.
+ROW_READERS = ("test_readme_command_runs", "test_train_row_records_and_fits_the_surrogate_first")
 
 
 def _program(name: str) -> list[str]:
@@ -167,6 +170,8 @@ class Session:
         self.wanted = set(forms) | {expand(b)[0] for k in needed for b in COMMANDS[k].after}
         self.network = _netem()
         self.outcomes: dict[str, Future] = {f: Future() for k in keys for f in expand(k)}
+        #: form -> the lane folder it ran in
+        self.folders: dict[str, Path] = {}
         plans: list[list[str]] = [[] for _ in self.lanes]
         for chain in sorted(_chains(keys), key=len, reverse=True):  # longest chains first
             min(plans, key=len).extend(chain)
@@ -184,6 +189,7 @@ class Session:
         forms = [(k, f) for k, f in forms if f in self.wanted]
         try:
             for key, form in forms:
+                self.folders[form] = lane.root
                 self.outcomes[form].set_result(self._outcome(lane, key, form))
         finally:  # a broken lane must not leave a test waiting
             for _, form in forms:
@@ -229,7 +235,7 @@ def session(request, tmp_path_factory):
     selected = {
         item.callspec.params["form"]
         for item in request.session.items
-        if getattr(item, "originalname", None) == "test_readme_command_runs"
+        if getattr(item, "originalname", None) in ROW_READERS
     }
     runner = Session(tmp_path_factory.mktemp("readme"), selected)
     yield runner
@@ -307,6 +313,36 @@ def test_readme_command_runs(session, key, form):
     assert outcome.returncode == 0, f"{form}\n{out[-6000:]}"
     for text in COMMANDS[key].expect:
         assert text in out, (text, out[-4000:])
+
+
+@pytest.mark.timeout(TIMEOUT_S + 120)
+@pytest.mark.parametrize("form", ["commgym train"])
+def test_train_row_records_and_fits_the_surrogate_first(session, form):
+    """The README's first command, without a surrogate file: real decisions are recorded,
+    fitted and logged to MLflow with the parent run, then PPO learns on the fit."""
+    from mlflow import MlflowClient
+
+    outcome = session.outcome(form)
+    if isinstance(outcome, str):
+        pytest.skip(outcome)
+    if isinstance(outcome, BaseException):
+        raise outcome
+    out = outcome.stdout + outcome.stderr
+    assert outcome.returncode == 0, out[-6000:]
+    assert "recording real decisions for the surrogate" in out and "16/16 decisions" in out
+    client = MlflowClient(tracking_uri=f"sqlite:///{session.folders[form] / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("commgym")
+    trains = [
+        r
+        for r in client.search_runs([exp.experiment_id])
+        if r.data.tags.get("commgym.command") == "train"
+        and r.data.params.get("env_kind") == "surrogate"
+        and "surrogate.joblib" in {a.path for a in client.list_artifacts(r.info.run_id)}
+    ]  # the lane's later commands log to the same store
+    assert trains, "no train run logged the recorded decisions and their fit"
+    names = {a.path for a in client.list_artifacts(trains[0].info.run_id)}
+    assert {"transitions.csv", "transitions.bench.json"} <= names, names
+    assert "sim2real/gap" in trains[0].data.metrics
 
 
 def _serve(lane: Lane, words: list[str]) -> bool:
