@@ -138,6 +138,8 @@ ENV_BENCH_OPTIONS = {
     "decisions": CliField("Env steps (the first 3 are warm-up).", min=4),
     "actions": CliField("'cycle' (every menu entry in turn) or 'fixed' (DDP default)."),
     "json_path": _JSON,
+    "network": CLI_FIELDS["env.network"],
+    "network_strict": CLI_FIELDS["env.network_strict"],
 }
 
 
@@ -151,11 +153,19 @@ def bench_env(
     decisions: int = 60,
     actions: str = "cycle",
     json_path: str | None = None,
+    network: str | None = None,
+    network_strict: bool = True,
 ) -> None:
     """Median env-step wall time vs the ranks' own training time (overhead ratio)."""
     from commgym.collectives import WorkerFailed
+    from commgym.env.net import NetworkPlan
     from commgym.experiments.bench.env import run_env_benchmark
+    from commgym.experiments.session import check_network
 
+    try:
+        check_network(NetworkPlan.parse(network), network_strict)
+    except ValueError as exc:
+        fail(exc)
     try:
         run_env_benchmark(
             workload=workload,
@@ -164,9 +174,14 @@ def bench_env(
             decisions=decisions,
             actions=actions,
             json_path=json_path,
+            network=network,
+            network_strict=network_strict,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    except (PermissionError, RuntimeError) as exc:  # network emulation unavailable here
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
     except WorkerFailed as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1) from exc

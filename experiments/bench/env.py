@@ -251,7 +251,8 @@ def _print_report(console: Console, res: dict[str, Any]) -> None:
     console.print(
         f"[bold]bench env[/bold]: {m['workload']}, {m['world_size']} gloo ranks, "
         f"steps_per_decision={m['steps_per_decision']}, {m['decisions']} decisions "
-        f"({m['warmup']} warm-up), actions={m['actions']}, seed={m['seed']}"
+        f"({m['warmup']} warm-up), actions={m['actions']}, seed={m['seed']}, "
+        f"network={m.get('network') or 'loopback'}"
     )
     table = Table(title="env step vs ranks' training time (median per decision)")
     table.add_column("quantity", no_wrap=True)
@@ -327,6 +328,8 @@ def run_env_benchmark(
     seed: int = 0,
     json_path: str | Path | None = None,
     console: Console | None = None,
+    network: str | None = None,
+    network_strict: bool = True,
 ) -> dict[str, Any]:
     """Measure the environment's per-step overhead over the ranks' own training time.
 
@@ -340,6 +343,10 @@ def run_env_benchmark(
         seed: env seed.
         json_path: also write the result as JSON here.
         console: rich console to print to (default: a new one, at least 120 wide).
+        network: the ranks' emulated links (``EnvConfig.network``: a profile, spec or
+            schedule; root and ``tc``), None for loopback.
+        network_strict: ``EnvConfig.network_strict``: refuse (True) or drop with a
+            warning (False) impairments this kernel cannot emulate.
 
     Returns:
         The :func:`summarize` keys plus ``reset_first_s``, ``reset_second_s``,
@@ -350,7 +357,10 @@ def run_env_benchmark(
         ``parts``).
 
     Raises:
-        ValueError: invalid arguments.
+        ValueError: invalid arguments (a network spec included).
+        PermissionError: ``network`` given without root.
+        RuntimeError: ``network`` asks for impairments this kernel cannot emulate
+            (``network_strict``).
         commgym.collectives.WorkerFailed: the ranks failed during the benchmark.
     """
     import gymnasium
@@ -380,10 +390,13 @@ def run_env_benchmark(
         time_budget_s=_HUGE_BUDGET_S,
         max_decisions=decisions,
         seed=seed,
+        network=network,
+        network_strict=network_strict,
     )
     try:
         base = env.unwrapped
-        console.print(f"[dim]launching {world_size} ranks ({workload}) ...[/dim]")
+        on = f" on {network}" if network else ""
+        console.print(f"[dim]launching {world_size} ranks ({workload}){on} ...[/dim]")
         _, info = env.reset(seed=seed)
         reset_first_s = float(info["reset_s"])
         _, info = env.reset(seed=seed)
@@ -453,6 +466,7 @@ def run_env_benchmark(
             "actions": actions,
             "seed": seed,
             "backend": "gloo",
+            "network": network,
         },
         "per_decision": records,
     }

@@ -352,6 +352,12 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     "commgym bench sync --compressors none": Run("--steps 3 --warmup 0 --rounds 1"),
     "commgym bench env": Mention("commgym bench env --decisions 40"),
     "commgym bench env --decisions 40": Run("--decisions 4", expect=("overhead",)),
+    "commgym bench env --workload mid-mlp --world-size 4 --steps-per-decision 4 --decisions 24 "
+    "--network 100mbit": NotInCI(
+        "a recorded run (experiments/results/2026-12-06_181209_bench-env, 4 ranks of mid-mlp on "
+        "a shaped link, ~50 s); its path runs small in tests/experiments/test_bench_env.py::"
+        "test_bench_env_on_an_emulated_link (2 ranks on 1 Gbit/s)"
+    ),
     "commgym bench netem": Run(
         "--profiles wan-100m --world-sizes 2 --sizes-mb 1 --repeats 1", shaped=True
     ),

@@ -145,3 +145,29 @@ def test_summarize_ratios_and_validation():
         run_env_benchmark(actions="random")
     with pytest.raises(ValueError, match="decisions must be"):
         run_env_benchmark(decisions=WARMUP_DECISIONS)
+
+
+@pytest.mark.timeout(180)
+def test_bench_env_on_an_emulated_link():
+    """``network``: the ranks train on a shaped link (root, tc); the report names it."""
+    from commgym.env.net import netem_available
+
+    ok, why = netem_available()
+    if not ok:
+        pytest.skip(f"network emulation unavailable here ({why})")
+    console = Console(width=140, record=True)
+    res = run_env_benchmark(decisions=4, steps_per_decision=2, network="1gbit", console=console)
+    assert res["meta"]["network"] == "1gbit" and res["measured_decisions"] == 1
+    assert "network=1gbit" in " ".join(console.export_text().split())
+
+
+def test_bench_env_refuses_an_unknown_network_before_launching(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "commgym.experiments.cli", "bench", "env", "--network", "nosuch"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0 and "nosuch" in out and "launching" not in out, out[-2000:]
