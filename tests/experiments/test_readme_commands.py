@@ -299,14 +299,21 @@ def test_every_python_snippet_is_run_or_has_a_twin():
 
 
 # -- every command runs --------------------------------------------------------------------
-@pytest.mark.timeout(TIMEOUT_S + 120)  # it waits for its command (and its lane's before it)
-@pytest.mark.parametrize(("key", "form"), ROWS, ids=[f for _, f in ROWS])
-def test_readme_command_runs(session, key, form):
+def _finished(session, form: str) -> object:
+    """``form``'s outcome once its lane ran it: skips for a skip reason, re-raises a check's
+    exception; a finished process or ``True`` (a check that passed in its lane)."""
     outcome = session.outcome(form)
     if isinstance(outcome, str):
         pytest.skip(outcome)
     if isinstance(outcome, BaseException):
         raise outcome
+    return outcome
+
+
+@pytest.mark.timeout(TIMEOUT_S + 120)  # it waits for its command (and its lane's before it)
+@pytest.mark.parametrize(("key", "form"), ROWS, ids=[f for _, f in ROWS])
+def test_readme_command_runs(session, key, form):
+    outcome = _finished(session, form)
     if outcome is True:  # a check that ran in its lane (commgym ui)
         return
     out = outcome.stdout + outcome.stderr
@@ -322,11 +329,7 @@ def test_train_row_records_and_fits_the_surrogate_first(session, form):
     fitted and logged to MLflow with the parent run, then PPO learns on the fit."""
     from mlflow import MlflowClient
 
-    outcome = session.outcome(form)
-    if isinstance(outcome, str):
-        pytest.skip(outcome)
-    if isinstance(outcome, BaseException):
-        raise outcome
+    outcome = _finished(session, form)
     out = outcome.stdout + outcome.stderr
     assert outcome.returncode == 0, out[-6000:]
     assert "recording real decisions for the surrogate" in out and "16/16 decisions" in out
