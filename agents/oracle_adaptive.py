@@ -23,6 +23,14 @@ The result is an achievable piecewise-constant schedule, at least as good as the
 expectation; greedy, so it can understate the speed of the true best schedule (which
 could trade one phase against a later one).
 
+**Conditions that never change but a training state that does.** Where the best entry
+depends on the remaining loss (long local-SGD periods cost little progress at a high loss
+and much at a low one) or on the switch history, a schedule gains even on one link;
+``search_every_s`` splits every condition phase into search phases of at most that many
+seconds of training (:func:`~commgym.env.schedule.split_phases`, the same grid the
+simulator's dynamic programme takes as ``every_s``), and the rollout algorithm runs over
+those. Without it a condition that never changes gets the best static entry (below).
+
 **Conditions drawn per episode** (``{"profiles": [...]}``) or fixed: the contextual
 oracle, the best entry per condition: seeds are grouped by the condition their episode
 drew and each group gets the entry with the best mean time to target over its seeds (from
@@ -45,7 +53,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -56,6 +64,7 @@ from commgym.agents.base import LearnCallback, Preparation, Progress, StepAgent
 from commgym.agents.baselines import StaticAgent
 from commgym.agents.oracle import DEFAULT_SEEDS, OracleStaticAgent, check_seeds
 from commgym.agents.rollout import Episode, EpisodeStep, rollout
+from commgym.env.schedule import split_phases
 from commgym.env.spaces import OBSERVATION_FIELDS
 
 __all__ = ["OracleAdaptiveAgent", "PhaseChoice", "ScheduleAgent", "SeedSchedule"]
@@ -215,10 +224,15 @@ class OracleAdaptiveAgent(StepAgent):
         probe: fork episodes that run the probe all-reduce (as ``OracleStaticAgent``'s
             ``probe``: for a learner that learns from them and reads the probe); the
             static search it runs itself runs alike. ``static``'s must match.
+        search_every_s: also start a search phase every this many seconds of training
+            time inside a condition (same label; ``None``: only where conditions change).
+            Where the best entry depends on the training state (the remaining loss, the
+            switch history) and not only on the link, a schedule can gain even where the
+            link never changes; this grid is where the rollout algorithm may switch there.
 
     Raises:
-        ValueError: bad ``seeds``/``entries``; ``static`` over other seeds or another
-            ``probe``.
+        ValueError: bad ``seeds``/``entries``/``search_every_s``; ``static`` over other
+            seeds or another ``probe``.
     """
 
     reads_probe = False
@@ -237,10 +251,20 @@ class OracleAdaptiveAgent(StepAgent):
         entries: Sequence[str] | None = None,
         static: OracleStaticAgent | None = None,
         probe: bool = False,
+        search_every_s: float | None = None,
     ) -> None:
         seeds = check_seeds(seeds)
         if not isinstance(probe, bool):
             raise ValueError(f"probe must be true or false, got {probe!r}")
+        if search_every_s is not None and (
+            isinstance(search_every_s, bool)
+            or not isinstance(search_every_s, (int, float))
+            or not 0.0 < float(search_every_s) < math.inf
+        ):
+            raise ValueError(
+                f"search_every_s must be a positive number of seconds of training time or "
+                f"None (search at condition changes only), got {search_every_s!r}"
+            )
         super().__init__(
             env,
             seed=seed,
@@ -260,6 +284,9 @@ class OracleAdaptiveAgent(StepAgent):
         self.seeds = seeds
         #: whether the forked episodes run the probe (``probe``)
         self.probe = probe
+        #: a search boundary at least this often, s of training time (None: at condition
+        #: changes only)
+        self.search_every_s = None if search_every_s is None else float(search_every_s)
         self.static = static or OracleStaticAgent(env, seeds=seeds, entries=entries, probe=probe)
         self.entries = list(self.static.entries)
         #: per seed, the schedule found (empty before ``learn``)
@@ -296,6 +323,7 @@ class OracleAdaptiveAgent(StepAgent):
         total_timesteps: int | None = None,
         progress_bar: bool = False,
         callback: LearnCallback | None = None,
+        on_phase: Callable[[float], Any] | None = None,
     ) -> OracleAdaptiveAgent:
         """Find every evaluation seed's schedule (see the module docstring).
 
@@ -305,6 +333,9 @@ class OracleAdaptiveAgent(StepAgent):
             progress_bar: a progress bar over seeds and phases.
             callback: ``callback(step) -> bool`` after every decision of the search
                 (``timestep`` counts its decisions); ``False`` stops it with an error.
+            on_phase: ``on_phase(n)`` as ``n`` search phases are decided (a seed whose
+                search reaches the target early counts the rest at once): the
+                evaluation's progress bar over :meth:`planned_phases`.
 
         Returns:
             self, with :attr:`schedules` and the search cost set.
@@ -336,13 +367,19 @@ class OracleAdaptiveAgent(StepAgent):
         labels = {}
         for s in self.seeds:
             env.reset(seed=s, options={"probe": self.probe})
-            labels[s] = env.unwrapped.episode_phases
+            labels[s] = self._phases(env)
         phased = [s for s in self.seeds if len(labels[s]) > 1]
-        progress = (
+        bar = (
             Progress(sum(len(labels[s]) for s in phased) or 1, type(self).__name__)
             if progress_bar
             else None
         )
+
+        def progress(n: int) -> None:
+            for _ in range(n if bar is not None else 0):
+                bar.advance()
+            if on_phase is not None and n:
+                on_phase(n)
 
         def on_step(step: dict[str, Any]) -> bool:
             self.search_decisions += 1
@@ -358,14 +395,48 @@ class OracleAdaptiveAgent(StepAgent):
 
         try:
             for s in phased:
-                self.schedules[s] = self._search_seed(env, s, target, on_step, progress)
+                done = [0]
+
+                def seed_progress(n: int, done: list[int] = done) -> None:
+                    done[0] += n
+                    progress(n)
+
+                self.schedules[s] = self._search_seed(env, s, target, on_step, seed_progress)
+                progress(len(labels[s]) - done[0])  # phases after the target: not needed
             self._contextual([s for s in self.seeds if s not in phased], labels)
         finally:
             env.unwrapped.drop_snapshots()
             self.search_cost_s = time.perf_counter() - t0
-            if progress is not None:
-                progress.close()
+            if bar is not None:
+                bar.close()
         return self
+
+    def planned_phases(self) -> int:
+        """Search phases :meth:`learn` decides over its seeds (its progress bar's total).
+
+        Seeds whose conditions never change and no ``search_every_s`` get the contextual
+        choice and count none. Read from the config as the env resolves each seed's
+        episode (:func:`~commgym.env.sim.episode_conditions`), without a reset.
+        """
+        from commgym.env.schedule import episode_phases
+        from commgym.env.sim import episode_conditions, episode_seed_of
+
+        cfg = self._require_env().unwrapped.config
+        n = 0
+        for s in self.seeds:
+            conditions = episode_conditions(cfg, episode_seed_of(s))
+            phases = split_phases(
+                episode_phases(cfg, *conditions), self.search_every_s, cfg.time_budget_s
+            )
+            n += len(phases) if len(phases) > 1 else 0
+        return n
+
+    def _phases(self, env: gym.Env) -> list[tuple[float, str]]:
+        """The running episode's condition phases, split every ``search_every_s``."""
+        core = env.unwrapped
+        return split_phases(
+            core.episode_phases, self.search_every_s, float(core.config.time_budget_s)
+        )
 
     def _contextual(self, seeds: list[int], labels: dict[int, list[tuple[float, str]]]) -> None:
         """Best entry per condition over the seeds whose episode drew that condition."""
@@ -401,14 +472,13 @@ class OracleAdaptiveAgent(StepAgent):
         # probe-free, as the static entries it extends and its schedule's re-run (unless
         # a learner that reads the probe learns from these episodes: ``probe``)
         obs, info = env.reset(seed=seed, options={"probe": self.probe})
-        phases = core.episode_phases
+        phases = self._phases(env)
         choices: list[PhaseChoice] = []
         segments: list[Episode] = []
         for k, (start_s, condition) in enumerate(phases):
             end_s = phases[k + 1][0] if k + 1 < len(phases) else None
             if end_s is not None and float(info.get("train_time_s", 0.0)) >= end_s:
-                if progress is not None:
-                    progress.advance()
+                progress(1)
                 continue  # a long decision of the phase before ran past this phase
             root = core.snapshot()
             root_state = (obs, info)
@@ -445,8 +515,7 @@ class OracleAdaptiveAgent(StepAgent):
                     best = (t_total, entry, seg, snap)
             _, entry, seg, snap = best
             choices.append(PhaseChoice(start_s, condition, entry, tuple(tried)))
-            if progress is not None:
-                progress.advance()
+            progress(1)
             if seg is None or not seg.steps:
                 break
             segments.append(seg)

@@ -17,11 +17,19 @@ import bisect
 import itertools
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Condition", "Phases", "condition_label", "episode_phases", "episode_seed", "means_off"]
+__all__ = [
+    "Condition",
+    "Phases",
+    "condition_label",
+    "episode_phases",
+    "episode_seed",
+    "means_off",
+    "split_phases",
+]
 
 T = TypeVar("T")
 
@@ -219,3 +227,31 @@ def episode_phases(
     times |= set(stragglers.boundaries)
     times |= set(crossing.boundaries)
     return [(t, condition_label(cfg, schedule, stragglers, crossing, t)) for t in sorted(times)]
+
+
+def split_phases(
+    phases: Sequence[tuple[float, T]], every_s: float | None, budget_s: float
+) -> list[tuple[float, T]]:
+    """Condition phases with a boundary at least every ``every_s`` inside each.
+
+    Where the best entry depends on the training state (the remaining loss), a schedule
+    may switch inside a condition; the oracles search such switches on this grid (the
+    real ``oracle-adaptive``'s ``search_every_s``, the simulator's ``best_schedule``).
+
+    Args:
+        phases: ``(start_s, label)`` pairs, first at 0, in time order.
+        every_s: the longest search phase, s (None: ``phases`` unchanged).
+        budget_s: the episode's training-time budget (the last phase's end), s.
+
+    Returns:
+        ``(start_s, label)`` pairs: each phase split into equal parts of at most
+        ``every_s`` (the last runs to ``budget_s``), each repeating its label.
+    """
+    if every_s is None:
+        return list(phases)
+    out = []
+    for k, (start, condition) in enumerate(phases):
+        end = phases[k + 1][0] if k + 1 < len(phases) else budget_s
+        n = max(1, math.ceil((end - start) / every_s - 1e-9))
+        out.extend((start + i * (end - start) / n, condition) for i in range(n))
+    return out

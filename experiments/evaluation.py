@@ -362,8 +362,12 @@ def search_oracle(
             executor.search(agent, adv)
         what = f"{len(agent.ranking)} entries"
     else:  # oracle-adaptive: forks at every phase boundary (how many depends on pruning)
-        with phase(f"{name}: every menu entry at every phase boundary on the evaluation seeds"):
-            executor.search(agent)
+        with phase(
+            f"{name}: every menu entry at every phase boundary on the evaluation seeds",
+            agent.planned_phases() or None,
+            unit="phases",
+        ) as adv:
+            executor.search(agent, adv)
         what = "every phase boundary"
     seconds = time.perf_counter() - t0
     cost.add("search_s", seconds, int(agent.search_decisions) if real else 0)

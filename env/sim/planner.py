@@ -42,6 +42,7 @@ import numpy as np
 from gymnasium.utils import seeding
 
 from commgym.env.schedule import episode_seed as draw_episode_seed
+from commgym.env.schedule import split_phases
 from commgym.env.sim.env import episode_conditions
 from commgym.env.sim.model import SimModel
 
@@ -108,6 +109,7 @@ class _Run:
         reset_seed: int | None,
         probe_bytes: int,
         episode_seed: int | None = None,
+        every_s: float | None = None,
     ) -> None:
         self.model = model
         self.cfg = cfg
@@ -115,8 +117,14 @@ class _Run:
             episode_seed = episode_seed_of(int(reset_seed))  # type: ignore[arg-type]
         schedule, _, _ = episode_conditions(cfg, episode_seed)
         self.schedule = schedule
-        self.starts = [0.0] if schedule is None else [float(t) for t, _ in schedule]
-        self.rates = [None] if schedule is None else [s.rate_bit_s for _, s in schedule]
+        links = [(0.0, None)] if schedule is None else [(float(t), s) for t, s in schedule]
+        # the link phases, split into search phases of at most every_s (a phase of the
+        # grid keeps its link; ``link`` says which link phase each grid phase belongs to)
+        budget = float(cfg.time_budget_s)
+        grid = split_phases([(t, i) for i, (t, _) in enumerate(links)], every_s, budget)
+        self.starts = [t for t, _ in grid]
+        self.link = [i for _, i in grid]
+        self.rates = [None if links[i][1] is None else links[i][1].rate_bit_s for i in self.link]
         self.timings = [model.timings(r) for r in self.rates]
         self.probe = [model.probe_s(probe_bytes, r) for r in self.rates]
         self.budget = float(cfg.time_budget_s)
@@ -239,6 +247,7 @@ def best_schedule(
     episode_seed: int | None = None,
     reaction_lag: int = 0,
     opening: int | None = None,
+    every_s: float | None = None,
 ) -> tuple[float | None, list[tuple[float, int]]]:
     """The best one-entry-per-phase schedule on one episode (the dynamic programme).
 
@@ -264,6 +273,11 @@ def best_schedule(
             that has observed nothing yet, where each episode draws its link); the
             schedule then starts at the second decision. ``None``: the first decision
             is the first phase's entry (its link is the scenario's, known in advance).
+        every_s: also a phase boundary every this many seconds inside each link phase
+            (:func:`~commgym.env.schedule.split_phases`; the real ``oracle-adaptive``'s
+            ``search_every_s``): where the best entry depends on the remaining loss, a
+            schedule can switch where the link never changes. The reaction lag applies
+            only where the link changes.
 
     Returns:
         ``(time to target or None, schedule)``: the schedule as ``(phase start_s, flat
@@ -286,7 +300,7 @@ def best_schedule(
         raise ValueError(
             f"opening must be a flat entry index in [0, {len(model.entries)}), got {opening!r}"
         )
-    run = _Run(model, cfg, reset_seed, probe_bytes, episode_seed)
+    run = _Run(model, cfg, reset_seed, probe_bytes, episode_seed, every_s)
     n = len(run.starts)
     states: dict[int, list[_State]] = {0: [(0.0, model.progress.initial_loss, -1, (), False)]}
     if opening is not None:
@@ -304,7 +318,9 @@ def best_schedule(
             if t_in >= best:
                 continue
             t0, l0, f0 = t_in, l_in, f_in
-            if reaction_lag and p0 >= 0 and (sched or i != 0):
+            # the link of the phase the state came from (the opening's: the first)
+            came_from = run.link[i - 1] if sched else run.link[0]
+            if reaction_lag and p0 >= 0 and i != 0 and run.link[i] != came_from:
                 # the phase's first decision: the player has not seen the new link yet
                 t0, l0 = run.decision(p0, p0, l_in, t_in, f_in)
                 f0 = False
@@ -338,14 +354,25 @@ def best_schedule(
 
 
 def best_schedule_time(
-    model: SimModel, cfg: Any, reset_seed: int, probe_bytes: int = 0, reaction_lag: int = 0
+    model: SimModel,
+    cfg: Any,
+    reset_seed: int,
+    probe_bytes: int = 0,
+    reaction_lag: int = 0,
+    every_s: float | None = None,
 ) -> float | None:
     """The best one-entry-per-phase schedule's time to target on one seed (DP; None: missed)."""
-    return best_schedule(model, cfg, reset_seed, probe_bytes, reaction_lag=reaction_lag)[0]
+    return best_schedule(
+        model, cfg, reset_seed, probe_bytes, reaction_lag=reaction_lag, every_s=every_s
+    )[0]
 
 
 def reactive_opening(
-    model: SimModel, cfg: Any, seeds: Sequence[int], probe_bytes: int = 0
+    model: SimModel,
+    cfg: Any,
+    seeds: Sequence[int],
+    probe_bytes: int = 0,
+    every_s: float | None = None,
 ) -> tuple[int, float]:
     """The best blind first entry of a reactive player over ``seeds`` (a lottery of links).
 
@@ -359,6 +386,7 @@ def reactive_opening(
         cfg: the env config.
         seeds: the ``env.reset`` seeds to average over (at least one).
         probe_bytes: the probe each decision runs (0: probe-free).
+        every_s: the continuation's search grid (:func:`best_schedule`).
 
     Returns:
         ``(flat entry index, mean time to target s)``.
@@ -372,7 +400,8 @@ def reactive_opening(
     means = []
     for k in range(len(model.entries)):
         ts = [
-            best_schedule(model, cfg, s, probe_bytes, reaction_lag=1, opening=k)[0] for s in seeds
+            best_schedule(model, cfg, s, probe_bytes, reaction_lag=1, opening=k, every_s=every_s)[0]
+            for s in seeds
         ]
         means.append(float(np.mean([budget if t is None else t for t in ts])))
     k = int(np.argmin(means))
@@ -386,6 +415,7 @@ def adaptive_times(
     ranking: Sequence[EntryTimes] | None = None,
     probe_bytes: int = 0,
     reaction_lag: int = 0,
+    every_s: float | None = None,
 ) -> list[float | None]:
     """``oracle-adaptive``'s time to target per seed in the simulator (see the module docstring).
 
@@ -400,14 +430,20 @@ def adaptive_times(
             drawn per episode or fixed, the first decision plays the best blind entry
             over ``seeds`` (:func:`reactive_opening`) and each seed is then played by its
             best schedule.
+        every_s: the search grid inside each link phase (the scenario's
+            ``oracle-adaptive`` ``search_every_s``; :func:`best_schedule`). Given, every
+            seed gets its best schedule on that grid, also where the link is drawn per
+            episode or fixed (where else the best entry per link is the bound).
     """
     if reaction_lag and cfg.network_plan.kind != "schedule":
-        opening, _ = reactive_opening(model, cfg, seeds, probe_bytes)
+        opening, _ = reactive_opening(model, cfg, seeds, probe_bytes, every_s)
         return [
-            best_schedule(model, cfg, s, probe_bytes, reaction_lag=1, opening=opening)[0]
+            best_schedule(
+                model, cfg, s, probe_bytes, reaction_lag=1, opening=opening, every_s=every_s
+            )[0]
             for s in seeds
         ]
-    if cfg.network_plan.kind != "schedule":
+    if cfg.network_plan.kind != "schedule" and every_s is None:
         ranking = ranking or static_ranking(model, cfg, seeds, probe_bytes)
         groups: dict[str, list[int]] = {}
         for i, s in enumerate(seeds):
@@ -427,7 +463,7 @@ def adaptive_times(
             for i in idx:
                 out[i] = best.times_s[i]
         return out
-    return [best_schedule_time(model, cfg, s, probe_bytes, reaction_lag) for s in seeds]
+    return [best_schedule_time(model, cfg, s, probe_bytes, reaction_lag, every_s) for s in seeds]
 
 
 def headroom(

@@ -37,7 +37,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["GATES", "cache_key", "kendall_tau", "run_sim_gates"]
+__all__ = ["GATES", "cache_key", "episode_cell", "fixed_env", "kendall_tau", "run_sim_gates"]
 
 console = Console(width=160)
 
@@ -63,6 +63,12 @@ def cache_key(env_cfg: Any) -> dict[str, Any]:
         "target_loss": env_cfg.target_loss,
         "time_budget_s": env_cfg.time_budget_s,
     }
+
+
+def _scenario_key(name: str, seeds: Sequence[int], every_s: float | None) -> str:
+    """The real cache's key of a scenario's oracles (with their search grid, if any)."""
+    key = f"{name}|{','.join(map(str, seeds))}"
+    return key if every_s is None else f"{key}|every {every_s:g} s"
 
 
 def _rank_positions(rows: dict[str, tuple[int, float, float]]) -> dict[str, int]:
@@ -91,7 +97,18 @@ class _RealCache:
         return f"{spec}|{seed}|{entry}"
 
 
-def _episode_cell(ep: Any) -> dict[str, Any]:
+def episode_cell(ep: Any) -> dict[str, Any]:
+    """One real episode as the real runs' cache keeps it (a cell of ``--real``).
+
+    Args:
+        ep: a finished :class:`~commgym.agents.rollout.Episode`.
+
+    Returns:
+        ``{"time": time to target s or None, "final_loss": held-out loss or None,
+        "decisions", "train_time_s", "steps": [[step_time_s, decision train time s
+        without the probe], ...]}`` (decisions after the first: the first switches from
+        the reset's entry).
+    """
     return {
         "time": ep.time_to_target_s,
         "final_loss": None if not math.isfinite(ep.final_eval_loss) else ep.final_eval_loss,
@@ -105,7 +122,17 @@ def _episode_cell(ep: Any) -> dict[str, Any]:
     }
 
 
-def _fixed_env(env_cfg: Any, spec: str | None, **extra: Any) -> Any:
+def fixed_env(env_cfg: Any, spec: str | None, **extra: Any) -> Any:
+    """A real env of ``env_cfg`` with its link held at ``spec`` (None: unshaped loopback).
+
+    Args:
+        env_cfg: the scenario's :class:`~commgym.env.EnvConfig`.
+        spec: a link spec (``"10gbit"``) or None.
+        **extra: other ``EnvConfig`` fields to override (``max_decisions``).
+
+    Returns:
+        An :class:`~commgym.env.AllReduceEnv` (ranks start on its first reset; close it).
+    """
     from commgym.env import AllReduceEnv, EnvConfig
 
     d = env_cfg.to_dict()
@@ -153,13 +180,13 @@ def _real_conditions(
     for spec, want in plan.items():
         todo = [s for s in want if any(_RealCache.cell(spec, s, e) not in cells for e in entries)]
         if todo:
-            env = _fixed_env(env_cfg, None if spec == "loopback" else spec)
+            env = fixed_env(env_cfg, None if spec == "loopback" else spec)
             try:
                 oracle = OracleStaticAgent(env, seeds=todo)
                 oracle.learn()
                 for row in oracle.ranking:
                     for s, ep in zip(todo, row.episodes, strict=True):
-                        cells[_RealCache.cell(spec, s, row.config)] = _episode_cell(ep)
+                        cells[_RealCache.cell(spec, s, row.config)] = episode_cell(ep)
             finally:
                 env.close()
             cache.save()
@@ -175,12 +202,12 @@ def _real_holdout(cache: _RealCache, env_cfg: Any, spec: str, decisions: int) ->
     if spec in cache.data["holdout"]:
         return 0.0
     t0 = time.perf_counter()
-    env = _fixed_env(env_cfg, spec, max_decisions=decisions + 1)
+    env = fixed_env(env_cfg, spec, max_decisions=decisions + 1)
     out = {}
     try:
         for entry in env_cfg.menu.entry_names():
             ep = rollout(env, StaticAgent(env, preset=entry), 1_000, target_loss=None)
-            out[entry] = _episode_cell(ep)["steps"]
+            out[entry] = episode_cell(ep)["steps"]
     finally:
         env.close()
     cache.data["holdout"][spec] = out
@@ -188,8 +215,15 @@ def _real_holdout(cache: _RealCache, env_cfg: Any, spec: str, decisions: int) ->
     return time.perf_counter() - t0
 
 
-def _real_scenario(cache: _RealCache, name: str, env_cfg: Any, seeds: list[int]) -> None:
-    """The real oracles' h on the scenario's seeds (schedules: both oracles, re-run)."""
+def _real_scenario(
+    cache: _RealCache, name: str, env_cfg: Any, seeds: list[int], every_s: float | None = None
+) -> None:
+    """The real oracles' h on the scenario's seeds (schedules: both oracles, re-run).
+
+    ``every_s``: the scenario's ``oracle-adaptive`` ``search_every_s`` (a search grid
+    inside each link phase; given, the search runs also where the link is drawn per
+    episode).
+    """
     from commgym.agents.oracle import OracleStaticAgent
     from commgym.agents.oracle_adaptive import OracleAdaptiveAgent
     from commgym.agents.rollout import rollout
@@ -197,12 +231,12 @@ def _real_scenario(cache: _RealCache, name: str, env_cfg: Any, seeds: list[int])
     from commgym.env.sim import episode_conditions, episode_seed_of
 
     scen = cache.data["scenarios"]
-    key = f"{name}|{','.join(map(str, seeds))}"
+    key = _scenario_key(name, seeds, every_s)
     if key in scen:
         return
     budget = float(env_cfg.time_budget_s)
     t0 = time.perf_counter()
-    if env_cfg.network_plan.kind != "schedule":
+    if env_cfg.network_plan.kind != "schedule" and every_s is None:
         # the contextual oracle from the per-link cells of the seeds' drawn links
         entries = env_cfg.menu.entry_names()
         per_seed = {}
@@ -233,7 +267,7 @@ def _real_scenario(cache: _RealCache, name: str, env_cfg: Any, seeds: list[int])
             static_o.learn()
             best = static_o.ranking[0].config
             static = {r.config: r.mean_time_to_target_s for r in static_o.ranking}
-            ad = OracleAdaptiveAgent(env, seeds=seeds, static=static_o)
+            ad = OracleAdaptiveAgent(env, seeds=seeds, static=static_o, search_every_s=every_s)
             ad.learn()
             adaptive = []
             for s in seeds:
@@ -241,7 +275,9 @@ def _real_scenario(cache: _RealCache, name: str, env_cfg: Any, seeds: list[int])
                 adaptive.append(ep.time_to_target_s)
         finally:
             env.close()
-        source = "real oracle-static search; oracle-adaptive schedules re-run"
+        source = "real oracle-static search; oracle-adaptive schedules re-run" + (
+            f" (a switch possible every {every_s:g} s)" if every_s is not None else ""
+        )
     t_ad = float(np.mean([budget if t is None else t for t in adaptive]))
     scen[key] = {
         "seeds": seeds,
@@ -307,6 +343,8 @@ def run_sim_gates(
 
     cfg = load_run_config(scenario)
     env_cfg = cfg.env_config
+    # where the scenario lets oracle-adaptive switch inside a link phase, both oracles do
+    every_s = cfg.baseline_kwargs.get("oracle-adaptive", {}).get("search_every_s")
     cal = Calibration.load(calibration)
     cal.check(env_cfg)
     seeds = [int(s) for s in seeds]
@@ -322,7 +360,7 @@ def run_sim_gates(
             _real_conditions(cache, env_cfg, specs, seeds, adv)
             _real_holdout(cache, env_cfg, holdout_rate, holdout_decisions)
             adv(1)
-            _real_scenario(cache, scenario, env_cfg, seeds)
+            _real_scenario(cache, scenario, env_cfg, seeds, every_s)
             adv(1)
             real_s = time.perf_counter() - t0
     entries = env_cfg.menu.entry_names()
@@ -376,17 +414,18 @@ def run_sim_gates(
     # gate 2: headroom -------------------------------------------------------------------
     t0 = time.perf_counter()
     ranking = static_ranking(model, env_cfg, seeds, probe)
-    ad = adaptive_times(model, env_cfg, seeds, ranking, probe)
+    ad = adaptive_times(model, env_cfg, seeds, ranking, probe, every_s=every_s)
     t_ad, h_sim = headroom(ranking[0].mean_s, ad, budget)
     plan_s = time.perf_counter() - t0
     # what a reactive learner can reach (it sees a new link one decision late; where each
     # episode draws its link, its first decision is blind): not a gate,
     # the figure a learner's capture is read against (docs/simulator.md)
-    ad_r = adaptive_times(model, env_cfg, seeds, ranking, probe, reaction_lag=1)
+    ad_r = adaptive_times(model, env_cfg, seeds, ranking, probe, reaction_lag=1, every_s=every_s)
     t_r, h_r = headroom(ranking[0].mean_s, ad_r, budget)
     reactive = {"T_adaptive": t_r, "h": h_r, "times": ad_r}
-    real_h = cache.data["scenarios"].get(f"{scenario}|{','.join(map(str, seeds))}")
+    real_h = cache.data["scenarios"].get(_scenario_key(scenario, seeds, every_s))
     result["headroom"] = {
+        "search_every_s": every_s,
         "sim_static_entry": ranking[0].config,
         "sim_T_static": ranking[0].mean_s,
         "sim_T_adaptive": t_ad,
@@ -510,9 +549,10 @@ def gate_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, bool | None]]
         ))  # fmt: skip
     h = r["headroom"]
     real = h["real"]
+    grid = h.get("search_every_s")
     rows.append((
         "headroom",
-        "scenario",
+        "scenario" if grid is None else f"scenario, a switch possible every {grid:g} s",
         f"sim h {h['sim_h']:.3f} (T_static {h['sim_T_static']:.2f} s {h['sim_static_entry']}, "
         f"T_adaptive {h['sim_T_adaptive']:.2f} s)"
         + (

@@ -37,9 +37,16 @@ def start_here(env: Any, config: Any, seed: int) -> None:
 
 
 def search_here(agent: Any, on_episode: Callable[[float], Any] | None = None) -> None:
-    """An oracle's search on its own env: ``agent.learn``, ``on_episode(1)`` per episode."""
+    """An oracle's search on its own env: ``agent.learn``, ``on_episode(1)`` per episode.
+
+    An oracle that forks episodes (``oracle-adaptive``) reports search phases instead
+    (``on_episode(n)`` as ``n`` are decided, out of its ``planned_phases()``).
+    """
     if on_episode is None:
         agent.learn()
+        return
+    if hasattr(agent, "planned_phases"):
+        agent.learn(on_phase=on_episode)
         return
 
     def counted(step: dict[str, Any]) -> None:

@@ -248,3 +248,81 @@ def test_rerun_past_the_searched_phases_plays_by_condition():
     )  # fmt: skip
     assert oracle.searched_until_s(SEEDS[1]) == math.inf
     assert oracle.full_schedule(SEEDS[1]) == [(0.0, fast)]
+
+
+def test_search_every_s_finds_a_switch_where_the_condition_never_changes():
+    """The best entry changes at 1.65 s while the env reports one condition throughout
+    (as where it depends on the remaining loss, not the link): only a search grid finds it."""
+
+    class HiddenEnv(PhasedTableEnv):
+        @property
+        def episode_phases(self):
+            return [(0.0, "one link")]
+
+    env = HiddenEnv(
+        bests=BESTS, boundaries=[1.65], menu=MENU, episode_len=200, sharpness=2.0,
+        target_loss=TARGET, time_budget_s=49.5,
+    )  # fmt: skip
+    static = OracleStaticAgent(env, seeds=SEEDS).learn()
+    plain = OracleAdaptiveAgent(env, seeds=SEEDS, static=static).learn()
+    assert {plain.schedules[s].mode for s in SEEDS} == {"context"}  # one entry per seed
+    grid = OracleAdaptiveAgent(env, seeds=SEEDS, static=static, search_every_s=0.55)
+    decided: list[float] = []
+    grid.learn(on_phase=decided.append)
+    # the progress hook counts every search phase of every seed once (49.5 s / 0.55 s each),
+    # those after the target at once
+    assert sum(decided) == 2 * 90 and len(decided) < 2 * 90
+    first, second = _entry(env, BESTS[0]), _entry(env, BESTS[1])
+    for s in SEEDS:
+        sched = grid.schedules[s]
+        assert sched.mode == "phases"
+        starts = [t for t, _ in sched.conditions[:4]]
+        assert starts == pytest.approx([0.0, 0.55, 1.1, 1.65])
+        assert {c for _, c in sched.conditions} == {"one link"}
+        assert [e for _, e in sched.schedule[:4]] == [first, first, first, second]
+        ep = rollout(env, grid.for_seed(s), s, target_loss=TARGET)
+        assert ep.time_to_target_s == pytest.approx(_time_to_target(env, BESTS, s))
+        assert ep.time_to_target_s < static.ranking[0].times_to_target_s[SEEDS.index(s)]
+    # past its searched phases a re-run keeps the entry chosen last for the condition
+    assert grid.full_schedule(SEEDS[0])[-1][1] == second
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, True, "3"])
+def test_search_every_s_must_be_a_positive_number(bad):
+    with pytest.raises(ValueError, match="search_every_s"):
+        OracleAdaptiveAgent(_env(), seeds=SEEDS, search_every_s=bad)
+
+
+def test_split_phases_keeps_each_condition_and_its_boundaries():
+    from commgym.env.schedule import split_phases
+
+    phases = [(0.0, "fast"), (4.0, "slow"), (5.0, "fast")]
+    assert split_phases(phases, None, 10.0) == phases
+    assert split_phases(phases, 2.0, 10.0) == [
+        (0.0, "fast"), (2.0, "fast"), (4.0, "slow"), (5.0, "fast"), (5.0 + 5 / 3, "fast"),
+        (5.0 + 10 / 3, "fast"),
+    ]  # fmt: skip
+
+
+def test_planned_phases_are_the_reset_episodes_phases_on_the_grid():
+    """The evaluation's progress total, read from the config, matches what a reset resolves."""
+    import warnings
+
+    from commgym.env.schedule import split_phases
+    from commgym.env.sim import SimEnv
+    from commgym.experiments.config import load_run_config
+    from tests.env.test_sim import _calibration
+
+    cfg = load_run_config("flaky-link").env_config
+    cfg = type(cfg)(**{**cfg.to_dict(), "action_menu": _calibration().menu})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = SimEnv(_calibration(), cfg)
+    for every_s in (None, 2.0):
+        oracle = OracleAdaptiveAgent(env, seeds=[1000, 1001, 1002], search_every_s=every_s)
+        total = 0
+        for s in oracle.seeds:
+            env.reset(seed=s)
+            total += len(split_phases(env.episode_phases, every_s, cfg.time_budget_s))
+        assert oracle.planned_phases() == total
+    assert total > 3 * 10  # flaky-link's ten link phases per seed, split every 2 s

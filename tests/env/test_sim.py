@@ -571,3 +571,46 @@ def test_interp_scalar_is_numpys_interp_on_lists():
     probes = np.concatenate([rng.uniform(-2, 12, 500), xs, [xs[0], xs[-1], -1e9, 1e9]])
     got = [interp_scalar(float(x), xs.tolist(), ys.tolist()) for x in probes]
     np.testing.assert_allclose(got, np.interp(probes, xs, ys), rtol=1e-12, atol=1e-12)
+
+
+def test_a_search_grid_lets_the_oracles_switch_where_the_link_never_changes():
+    """One entry is fast at a high loss and slow at a low one (as long local-SGD periods):
+    on a fixed link only a grid of switch points (``every_s``) lets the schedule use it."""
+    cal = _calibration()
+
+    def kinked(fast: float, slow: float, knee: float, n: int = 200) -> list[float]:
+        out, loss = [], 2.3
+        for _ in range(n):
+            out.append(loss)
+            loss *= math.exp(-(fast if loss > knee else slow))
+        return out
+
+    # on 10 Mbit/s the dense entries are far too slow; of the sparse ones, period 2 is fast
+    # down to a loss of 0.8 and slow below it, period 1 steady
+    early, steady = kinked(0.12, 0.01, 0.8), kinked(0.05, 0.05, 0.8)
+    late_entry, early_entry = "topk:0.01/25MB/H1", "topk:0.01/25MB/H2"
+    cal.entries[early_entry].curves = [early, early]
+    cal.entries[late_entry].curves = [steady, steady]
+    cal.switch_penalty = 0.0
+    for cfg in (
+        _env_cfg(network={"schedule": [[0, "10mbit"]]}, time_budget_s=200.0),
+        _env_cfg(network="10mbit", time_budget_s=200.0),  # fixed: the contextual bound
+    ):
+        model = SimEnv(cal, cfg).model
+        seeds = [1000, 1001]
+        ranking = static_ranking(model, cfg, seeds)
+        static = ranking[0].times_s  # the best static entry per seed
+        assert adaptive_times(model, cfg, seeds, ranking) == list(static)  # no switch point
+        grid = adaptive_times(model, cfg, seeds, ranking, every_s=1.0)
+        assert all(g < s for g, s in zip(grid, static, strict=True))
+        t, sched = best_schedule(model, cfg, seeds[0], every_s=1.0)
+        assert t == pytest.approx(grid[0])
+        played = [model.entries[k] for _, k in sched]
+        assert played[0] == early_entry and played[-1] == late_entry
+        assert all(t0 == pytest.approx(round(t0)) for t0, _ in sched)  # on the 1 s grid
+        # the schedule replays to the same time; a reactive player loses nothing where the
+        # link never changes (its lag applies where the link does)
+        assert simulate(model, cfg, seeds[0], sched)[0] == pytest.approx(t)
+        reactive = adaptive_times(model, cfg, seeds, ranking, reaction_lag=1, every_s=1.0)
+        if cfg.network_plan.kind == "schedule":
+            assert reactive == pytest.approx(grid)

@@ -165,3 +165,25 @@ def test_bench_sim_command_on_cached_runs_records_its_gates(scenario):
     (rec,) = (tmp_path / "rec").iterdir()
     assert (rec / "run.json").exists() and "fidelity gates" in (rec / "output.txt").read_text()
     assert json.loads((rec / "results.json").read_text())["headroom"]["pass"] is True
+
+
+def test_a_search_grid_in_the_scenario_is_both_oracles(scenario):
+    """``oracle-adaptive``'s ``search_every_s`` moves the simulator's oracle onto the grid
+    and keys the real oracles' cache by it (oracles searched without it do not count)."""
+    from commgym.experiments.bench.sim import gate_rows
+
+    path, cal_path, real_path, tmp_path = scenario
+    doc = yaml.safe_load(path.read_text())
+    doc["baseline_kwargs"] = {"oracle-adaptive": {"search_every_s": 1.0}}
+    path.write_text(yaml.safe_dump(doc))
+    r = _gates(path, cal_path, real_path, tmp_path)
+    h = r["headroom"]
+    assert h["search_every_s"] == 1.0
+    assert h["real"] is None and h["pass"] is None  # the cached oracles had no grid
+    env_cfg = load_run_config(str(path)).env_config
+    model = SimModel(_calibration(), env_cfg.menu, 4)
+    ranking = static_ranking(model, env_cfg, SEEDS)
+    grid = adaptive_times(model, env_cfg, SEEDS, ranking, every_s=1.0)
+    assert h["sim_T_adaptive"] == pytest.approx(np.mean([120.0 if t is None else t for t in grid]))
+    row = next(x for x in gate_rows(r) if x[0] == "headroom")
+    assert row[1] == "scenario, a switch possible every 1 s"

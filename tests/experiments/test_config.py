@@ -83,6 +83,16 @@ def _names(scenario: str) -> list[str]:
     return [*agent_names(), f"static:{menu.decode(menu.nvec - 1)}"]
 
 
+def _on_menu(scenario: str, preset: str) -> bool:
+    from commgym.agents.baselines import resolve_preset
+
+    try:
+        resolve_preset(load_run_config(scenario).env_config.menu, preset)
+    except ValueError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("scenario", shipped_configs())
 def test_every_agent_resolves_in_every_shipped_scenario(scenario):
     from commgym.agents.base import LayoutEnv
@@ -99,6 +109,11 @@ def test_every_agent_resolves_in_every_shipped_scenario(scenario):
                 assert cfg.agent_hyperparams["calibration"] == default
                 continue
             with pytest.raises(ValueError, match="calibrate-sim"):
+                load_run_config(scenario, {"agent": name})
+            continue
+        preset = name.split(":", 1)[1] if name.startswith("static:") else None
+        if preset and not _on_menu(scenario, preset):  # refused, naming the menu's entries
+            with pytest.raises(ValueError, match=r"not on the env's action menu.*its entries"):
                 load_run_config(scenario, {"agent": name})
             continue
         cfg = load_run_config(scenario, {"agent": name})
