@@ -117,7 +117,8 @@ class SeedSchedule:
         search: the search's own path (its phases' winning segments joined): what the
             search measured, optimistic by selection; evaluations re-run the schedule.
         conditions: every phase of the seed's episode over the whole budget,
-            ``(start_s, condition)`` (the env's ``episode_phases``): a re-run slower than
+            ``(start_s, condition)`` (the env's ``episode_phases``, split every
+            ``search_every_s`` where the oracle had a search grid): a re-run slower than
             its search goes on past the phases the search needed, and plays by condition
             there (:meth:`OracleAdaptiveAgent.full_schedule`).
     """
