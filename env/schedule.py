@@ -243,12 +243,22 @@ def split_phases(
         every_s: the longest search phase, s (None: ``phases`` unchanged).
         budget_s: the episode's training-time budget (the last phase's end), s.
 
+    Raises:
+        ValueError: ``every_s`` not a positive, finite number (or None).
+
     Returns:
         ``(start_s, label)`` pairs: each phase split into equal parts of at most
         ``every_s`` (the last runs to ``budget_s``), each repeating its label.
     """
     if every_s is None:
         return list(phases)
+    if isinstance(every_s, bool) or not (
+        isinstance(every_s, (int, float)) and 0.0 < every_s < math.inf
+    ):
+        raise ValueError(
+            f"every_s (the search grid, s of training) must be a positive number or None, "
+            f"got {every_s!r}"
+        )
     out = []
     for k, (start, condition) in enumerate(phases):
         end = phases[k + 1][0] if k + 1 < len(phases) else budget_s

@@ -214,18 +214,22 @@ def static_ranking(
 
 
 #: A state of the dynamic programme: (training time, loss, last entry, schedule, whether
-#: the last decision switched into that entry).
-_State = tuple[float, float, int, tuple, bool]
+#: the last decision switched into that entry, the link phase the last decision started in).
+_State = tuple[float, float, int, tuple, bool, int]
 
 
-def _front(states: list[_State], after_switch: Sequence[float]) -> list[_State]:
+def _front(
+    states: list[_State], after_switch: Sequence[float], by_link: bool = False
+) -> list[_State]:
     out: list[_State] = []
-    by_prev: dict[tuple[int, bool], list[_State]] = {}
+    by_prev: dict[tuple[int, bool, int], list[_State]] = {}
     for s in states:
         # a last entry just switched into whose next decision costs something is another
         # state; where it costs nothing (the pair form: every entry) the groups are the
-        # old ones, so such calibrations plan exactly as before
-        by_prev.setdefault((s[2], s[4] and after_switch[s[2]] > 0.0), []).append(s)
+        # old ones, so such calibrations plan exactly as before. A reactive player whose
+        # last decision started on another link lags where this one does not (by_link).
+        key = (s[2], s[4] and after_switch[s[2]] > 0.0, s[5] if by_link else 0)
+        by_prev.setdefault(key, []).append(s)
     for group in by_prev.values():
         group.sort(key=lambda s: (s[0], s[1]))
         best = math.inf
@@ -302,7 +306,10 @@ def best_schedule(
         )
     run = _Run(model, cfg, reset_seed, probe_bytes, episode_seed, every_s)
     n = len(run.starts)
-    states: dict[int, list[_State]] = {0: [(0.0, model.progress.initial_loss, -1, (), False)]}
+    link0 = run.link[0]
+    states: dict[int, list[_State]] = {
+        0: [(0.0, model.progress.initial_loss, -1, (), False, link0)]
+    }
     if opening is not None:
         t1, l1 = run.decision(opening, -1, model.progress.initial_loss, 0.0)
         if l1 <= run.target:
@@ -310,20 +317,23 @@ def best_schedule(
         if t1 >= run.budget:
             return None, []
         # the only state with an empty schedule: the opening, which saw phase 0's link
-        states = {run.phase(t1): [(t1, l1, opening, (), False)]}
+        states = {run.phase(t1): [(t1, l1, opening, (), False, link0)]}
     best, plan = math.inf, ()
     for i in range(n):
         end = run.starts[i + 1] if i + 1 < n else math.inf
-        for t_in, l_in, p0, sched, f_in in _front(states.pop(i, []), model.after_switch):
+        for t_in, l_in, p0, sched, f_in, seen in _front(
+            states.pop(i, []),
+            model.after_switch,
+            by_link=bool(reaction_lag) and every_s is not None,
+        ):
             if t_in >= best:
                 continue
-            t0, l0, f0 = t_in, l_in, f_in
-            # the link of the phase the state came from (the opening's: the first)
-            came_from = run.link[i - 1] if sched else run.link[0]
-            if reaction_lag and p0 >= 0 and i != 0 and run.link[i] != came_from:
-                # the phase's first decision: the player has not seen the new link yet
+            t0, l0, f0, seen0 = t_in, l_in, f_in, seen
+            # a reactive player's last decision started on another link (``seen``) than
+            # this phase's: the phase's first decision keeps its entry (simulate's rule)
+            if reaction_lag and p0 >= 0 and run.link[i] != seen:
                 t0, l0 = run.decision(p0, p0, l_in, t_in, f_in)
-                f0 = False
+                f0, seen0 = False, run.link[i]
                 if l0 <= run.target:
                     if t0 < best:
                         best, plan = t0, sched
@@ -331,12 +341,13 @@ def best_schedule(
                 if t0 >= run.budget or t0 >= best:
                     continue
                 if t0 >= end:
-                    states.setdefault(run.phase(t0), []).append((t0, l0, p0, sched, False))
+                    states.setdefault(run.phase(t0), []).append((t0, l0, p0, sched, False, seen0))
                     continue
             for k in range(len(model.entries)):
                 t, loss, prev, fresh = t0, l0, p0, f0
                 here = (*sched, (run.starts[i], k))
                 while True:
+                    started = run.link[run.phase(t)]
                     t, loss = run.decision(k, prev, loss, t, fresh)
                     fresh, prev = prev >= 0 and k != prev, k
                     if loss <= run.target:
@@ -346,7 +357,9 @@ def best_schedule(
                     if t >= run.budget or t >= best:
                         break
                     if t >= end:
-                        states.setdefault(run.phase(t), []).append((t, loss, k, here, fresh))
+                        states.setdefault(run.phase(t), []).append(
+                            (t, loss, k, here, fresh, started)
+                        )
                         break
     if not math.isfinite(best):
         return None, []

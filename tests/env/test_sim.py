@@ -614,3 +614,31 @@ def test_a_search_grid_lets_the_oracles_switch_where_the_link_never_changes():
         reactive = adaptive_times(model, cfg, seeds, ranking, reaction_lag=1, every_s=1.0)
         if cfg.network_plan.kind == "schedule":
             assert reactive == pytest.approx(grid)
+
+
+def test_a_search_grid_keeps_the_reactive_lag_where_the_link_changes():
+    """A reactive player on a grid still lags a decision where the link changes, also when
+    one decision crosses the change and grid points after it, and after a blind opening:
+    the grid's best schedule replays to its own time and is never slower than without."""
+    from commgym.env.schedule import split_phases
+
+    cal = _calibration()
+    cases = [
+        (_env_cfg(network={"schedule": [[0, "10gbit"], [4, "10mbit"]], "shift_s": 0.5}), None),
+        (_env_cfg(network={"schedule": [[0, "10mbit"], [0.5, "10gbit"]]}), 1),
+        (_env_cfg(network={"schedule": [[0, "10mbit"], [0.5, "10gbit"]]}), 3),
+    ]
+    for cfg, opening in cases:
+        with pytest.warns(UserWarning):  # 10 Gbit/s is not in the fixture's calibration
+            model = SimEnv(cal, cfg).model
+        for seed in (1000, 1001, 1002):
+            plain, _ = best_schedule(model, cfg, seed, reaction_lag=1, opening=opening)
+            t, sched = best_schedule(
+                model, cfg, seed, reaction_lag=1, opening=opening, every_s=0.05
+            )
+            assert t is not None and t <= plain + 1e-9
+            replay = simulate(model, cfg, seed, sched, reaction_lag=1, opening=opening)[0]
+            assert replay == pytest.approx(t)
+    for bad in (0, -5.0, math.inf, True):
+        with pytest.raises(ValueError, match="every_s"):
+            split_phases([(0.0, "a")], bad, 10.0)
