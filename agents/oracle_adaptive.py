@@ -64,7 +64,7 @@ from commgym.agents.base import LearnCallback, Preparation, Progress, StepAgent
 from commgym.agents.baselines import StaticAgent
 from commgym.agents.oracle import DEFAULT_SEEDS, OracleStaticAgent, check_seeds
 from commgym.agents.rollout import Episode, EpisodeStep, rollout
-from commgym.env.schedule import split_phases
+from commgym.env.schedule import check_every_s, split_phases
 from commgym.env.spaces import OBSERVATION_FIELDS
 
 __all__ = ["OracleAdaptiveAgent", "PhaseChoice", "ScheduleAgent", "SeedSchedule"]
@@ -257,15 +257,7 @@ class OracleAdaptiveAgent(StepAgent):
         seeds = check_seeds(seeds)
         if not isinstance(probe, bool):
             raise ValueError(f"probe must be true or false, got {probe!r}")
-        if search_every_s is not None and (
-            isinstance(search_every_s, bool)
-            or not isinstance(search_every_s, (int, float))
-            or not 0.0 < float(search_every_s) < math.inf
-        ):
-            raise ValueError(
-                f"search_every_s must be a positive number of seconds of training time or "
-                f"None (search at condition changes only), got {search_every_s!r}"
-            )
+        search_every_s = check_every_s(search_every_s, "search_every_s")
         super().__init__(
             env,
             seed=seed,
@@ -287,7 +279,7 @@ class OracleAdaptiveAgent(StepAgent):
         self.probe = probe
         #: a search boundary at least this often, s of training time (None: at condition
         #: changes only)
-        self.search_every_s = None if search_every_s is None else float(search_every_s)
+        self.search_every_s = search_every_s
         self.static = static or OracleStaticAgent(env, seeds=seeds, entries=entries, probe=probe)
         self.entries = list(self.static.entries)
         #: per seed, the schedule found (empty before ``learn``)
@@ -396,14 +388,7 @@ class OracleAdaptiveAgent(StepAgent):
 
         try:
             for s in phased:
-                done = [0]
-
-                def seed_progress(n: int, done: list[int] = done) -> None:
-                    done[0] += n
-                    progress(n)
-
-                self.schedules[s] = self._search_seed(env, s, target, on_step, seed_progress)
-                progress(len(labels[s]) - done[0])  # phases after the target: not needed
+                self.schedules[s] = self._search_seed(env, s, target, on_step, progress)
             self._contextual([s for s in self.seeds if s not in phased], labels)
         finally:
             env.unwrapped.drop_snapshots()
@@ -476,10 +461,12 @@ class OracleAdaptiveAgent(StepAgent):
         phases = self._phases(env)
         choices: list[PhaseChoice] = []
         segments: list[Episode] = []
+        advanced = 0  # phases reported to ``progress``
         for k, (start_s, condition) in enumerate(phases):
             end_s = phases[k + 1][0] if k + 1 < len(phases) else None
             if end_s is not None and float(info.get("train_time_s", 0.0)) >= end_s:
                 progress(1)
+                advanced += 1
                 continue  # a long decision of the phase before ran past this phase
             root = core.snapshot()
             root_state = (obs, info)
@@ -517,6 +504,7 @@ class OracleAdaptiveAgent(StepAgent):
             _, entry, seg, snap = best
             choices.append(PhaseChoice(start_s, condition, entry, tuple(tried)))
             progress(1)
+            advanced += 1
             if seg is None or not seg.steps:
                 break
             segments.append(seg)
@@ -525,6 +513,7 @@ class OracleAdaptiveAgent(StepAgent):
             obs = core.restore(snap)
             info = seg.final_info or info
             core.drop_snapshots()  # the phase is decided: its forks are no longer needed
+        progress(len(phases) - advanced)  # the phases after the target: not needed
         return SeedSchedule(seed, "phases", tuple(choices), _join(seed, segments), tuple(phases))
 
     def _score(

@@ -27,6 +27,7 @@ __all__ = [
     "condition_label",
     "episode_phases",
     "episode_seed",
+    "check_every_s",
     "means_off",
     "split_phases",
 ]
@@ -229,6 +230,24 @@ def episode_phases(
     return [(t, condition_label(cfg, schedule, stragglers, crossing, t)) for t in sorted(times)]
 
 
+def check_every_s(every_s: Any, name: str = "every_s") -> float | None:
+    """A search grid's spacing, s of training: a positive finite number, or None (no grid).
+
+    Raises:
+        ValueError: anything else, naming ``name`` and the value.
+    """
+    if every_s is None:
+        return None
+    if isinstance(every_s, bool) or not (
+        isinstance(every_s, (int, float)) and 0.0 < every_s < math.inf
+    ):
+        raise ValueError(
+            f"{name} (the search grid, s of training) must be a positive number or None "
+            f"(search at condition changes only), got {every_s!r}"
+        )
+    return float(every_s)
+
+
 def split_phases(
     phases: Sequence[tuple[float, T]], every_s: float | None, budget_s: float
 ) -> list[tuple[float, T]]:
@@ -250,15 +269,9 @@ def split_phases(
         ``(start_s, label)`` pairs: each phase split into equal parts of at most
         ``every_s`` (the last runs to ``budget_s``), each repeating its label.
     """
+    every_s = check_every_s(every_s)
     if every_s is None:
         return list(phases)
-    if isinstance(every_s, bool) or not (
-        isinstance(every_s, (int, float)) and 0.0 < every_s < math.inf
-    ):
-        raise ValueError(
-            f"every_s (the search grid, s of training) must be a positive number or None, "
-            f"got {every_s!r}"
-        )
     out = []
     for k, (start, condition) in enumerate(phases):
         end = phases[k + 1][0] if k + 1 < len(phases) else budget_s
