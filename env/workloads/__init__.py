@@ -45,7 +45,9 @@ from commgym.env.workloads.charlm import (
 from commgym.env.workloads.digits import (
     DigitsCNN,
     build_mlp_digits,
+    cache_dir,
     cnn_digits,
+    digits_arrays,
     digits_split_indices,
     load_digits_data,
     load_digits_images,
@@ -76,6 +78,8 @@ __all__ = [
     "charlm_split_point",
     "charlm_text",
     "decode_chars",
+    "cache_dir",
+    "digits_arrays",
     "digits_split_indices",
     "encode_chars",
     "get_workload",

@@ -202,6 +202,62 @@ def test_digits_split_deterministic_disjoint_stratified():
     assert torch.equal(images.train_x.reshape(1437, 64), data.train_x)
 
 
+_DIGITS_PROBE = """
+import json, sys
+from commgym.env.workloads import load_digits_data
+d = load_digits_data()
+print(json.dumps({"sklearn": "sklearn" in sys.modules, "x": d.train_x.sum().item(),
+                  "y": d.eval_y.tolist()}))
+"""
+
+
+def _digits_in_a_process(env: dict[str, str]) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _DIGITS_PROBE],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_digits_load_from_the_disk_cache_without_importing_sklearn(tmp_path):
+    """Ranks read the digits from joblib's cache: the same rows as scikit-learn's loader,
+    without its import; a damaged entry or an unusable folder costs only the import."""
+    from sklearn.datasets import load_digits
+
+    data = wl.load_digits_data()
+    here = {"x": data.train_x.sum().item(), "y": data.eval_y.tolist()}
+    pixels, target, train_idx, eval_idx = wl.digits_arrays()
+    ref = load_digits()
+    assert np.array_equal(pixels, ref.data) and np.array_equal(target, ref.target)
+    assert np.array_equal(np.sort(np.concatenate([train_idx, eval_idx])), np.arange(1797))
+
+    cache = {"COMMGYM_CACHE_DIR": str(tmp_path / "cache")}
+    first = _digits_in_a_process(cache)  # fills the cache
+    second = _digits_in_a_process(cache)
+    assert first["sklearn"] and not second["sklearn"]
+    assert {k: first[k] for k in here} == here == {k: second[k] for k in here}
+
+    [entry] = list((tmp_path / "cache").rglob("output.pkl"))
+    entry.write_bytes(b"damaged")
+    again = _digits_in_a_process(cache)
+    assert again["sklearn"] and {k: again[k] for k in here} == here
+
+    (tmp_path / "a-file").write_text("not a folder")
+    unusable = _digits_in_a_process({"COMMGYM_CACHE_DIR": str(tmp_path / "a-file")})
+    off = _digits_in_a_process({"COMMGYM_CACHE_DIR": ""})
+    assert {k: unusable[k] for k in here} == here == {k: off[k] for k in here}
+    assert not (tmp_path / "a-file").is_dir()
+
+
 def test_charlm_data_windows_and_positional_split():
     data = wl.load_charlm_data()
     text = wl.charlm_text()
