@@ -414,13 +414,24 @@ class Cluster:
         return [replies[r] for r in range(self.world_size)]
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Ask ranks to exit, then make sure nothing is left (safe to call twice)."""
+        """Ask ranks to exit, then make sure nothing is left (safe to call twice).
+
+        Every rank answers ``close`` once its process group is destroyed (nothing of it is
+        left to tear down gracefully); then, or after ``timeout_s`` without an answer, the
+        ranks' process tree is ended (:meth:`kill`). Waiting for the ranks' interpreters
+        and torchrun's agent to exit on their own took 0.8-1.0 s a launch.
+        """
         if self._alive:
             with contextlib.suppress(Exception):
                 for c in self._conns:
                     c.send({"cmd": "close"})
-                for p in self._procs:
-                    p.wait(timeout=timeout_s)
+                pending = list(self._conns)
+                deadline = time.monotonic() + timeout_s
+                while pending and (left := deadline - time.monotonic()) > 0:
+                    for c in wait(pending, timeout=left):
+                        pending.remove(c)  # type: ignore[arg-type]
+                        with contextlib.suppress(EOFError, OSError):
+                            c.recv()  # type: ignore[union-attr]
         self.kill()
 
     def kill(self) -> None:

@@ -392,7 +392,6 @@ def main(argv: list[str] | None = None) -> int:
                 return 1  # the environment went away: never linger
             cmd = msg.get("cmd")
             if cmd == "close":
-                conn.send({"type": "close"})
                 break
             try:
                 handler = handlers[cmd]
@@ -405,14 +404,18 @@ def main(argv: list[str] | None = None) -> int:
                 conn.send({"type": "error", "traceback": traceback.format_exc()})
                 continue
             conn.send(reply)
+        # every rank got "close": meet before tearing gloo down (a rank that destroys the
+        # group while a peer is still in its last reply can abort in gloo's thread teardown)
+        runner = handlers = None  # free model, synchronizer and buffers while gloo is alive
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
+        # the last word, once nothing of this rank is left to tear down gracefully: the
+        # environment then ends the process tree instead of waiting for it (Cluster.close)
+        with contextlib.suppress(OSError):
+            conn.send({"type": "close"})
     finally:
         conn.close()
-    # every rank got "close": meet before tearing gloo down (a rank that destroys the group
-    # while a peer is still in its last reply can abort in gloo's thread teardown)
-    runner = handlers = None  # free model, synchronizer and buffers while gloo is alive
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
     return 0
 
 

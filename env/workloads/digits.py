@@ -23,21 +23,13 @@ DIGITS_EVAL_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0
 
 
-#: Environment variable naming the folder where :func:`digits_arrays` keeps the digits
-#: between processes (an empty value: no disk cache).
-CACHE_DIR_ENV = "COMMGYM_CACHE_DIR"
-
-
-def cache_dir() -> Path | None:
-    """Folder of commgym's disk cache.
+def cache_dir() -> Path:
+    """Folder of commgym's disk cache on this host (the XDG base-directory convention).
 
     Returns:
-        ``$COMMGYM_CACHE_DIR``, else ``$XDG_CACHE_HOME/commgym`` (``~/.cache/commgym``);
-        None when ``COMMGYM_CACHE_DIR`` is set but empty (cache off).
+        ``$XDG_CACHE_HOME/commgym``, ``~/.cache/commgym`` where ``XDG_CACHE_HOME`` is
+        unset or empty.
     """
-    chosen = os.environ.get(CACHE_DIR_ENV)
-    if chosen is not None:
-        return Path(chosen).expanduser() if chosen.strip() else None
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "commgym"
 
@@ -78,17 +70,13 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         0..16, int64 ``(1797,)`` classes 0..9, and the disjoint int64 row indices of the
         1437 training and 360 held-out rows.
     """
-    args = (version("scikit-learn"), DIGITS_EVAL_FRACTION, DIGITS_SPLIT_SEED)
-    where = cache_dir()
-    if where is not None:
-        import joblib
+    import joblib
 
-        try:
-            cached = joblib.Memory(where, verbose=0).cache(_digits_from_sklearn)
-            return cached(*args)
-        except OSError:  # a read-only or unusable cache folder: load without it
-            pass
-    return _digits_from_sklearn(*args)
+    args = (version("scikit-learn"), DIGITS_EVAL_FRACTION, DIGITS_SPLIT_SEED)
+    try:
+        return joblib.Memory(cache_dir(), verbose=0).cache(_digits_from_sklearn)(*args)
+    except OSError:  # a read-only or unusable cache folder: load without it
+        return _digits_from_sklearn(*args)
 
 
 def digits_split_indices() -> tuple[np.ndarray, np.ndarray]:

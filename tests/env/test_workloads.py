@@ -240,22 +240,21 @@ def test_digits_load_from_the_disk_cache_without_importing_sklearn(tmp_path):
     assert np.array_equal(pixels, ref.data) and np.array_equal(target, ref.target)
     assert np.array_equal(np.sort(np.concatenate([train_idx, eval_idx])), np.arange(1797))
 
-    cache = {"COMMGYM_CACHE_DIR": str(tmp_path / "cache")}
+    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     first = _digits_in_a_process(cache)  # fills the cache
     second = _digits_in_a_process(cache)
     assert first["sklearn"] and not second["sklearn"]
     assert {k: first[k] for k in here} == here == {k: second[k] for k in here}
 
-    [entry] = list((tmp_path / "cache").rglob("output.pkl"))
+    [entry] = list((tmp_path / "cache" / "commgym").rglob("output.pkl"))
     entry.write_bytes(b"damaged")
     again = _digits_in_a_process(cache)
     assert again["sklearn"] and {k: again[k] for k in here} == here
 
     (tmp_path / "a-file").write_text("not a folder")
-    unusable = _digits_in_a_process({"COMMGYM_CACHE_DIR": str(tmp_path / "a-file")})
-    off = _digits_in_a_process({"COMMGYM_CACHE_DIR": ""})
-    assert {k: unusable[k] for k in here} == here == {k: off[k] for k in here}
-    assert not (tmp_path / "a-file").is_dir()
+    unusable = _digits_in_a_process({"XDG_CACHE_HOME": str(tmp_path / "a-file")})
+    assert unusable["sklearn"] and {k: unusable[k] for k in here} == here
+    assert (tmp_path / "a-file").read_text() == "not a folder"
 
 
 def test_charlm_data_windows_and_positional_split():
