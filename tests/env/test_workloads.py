@@ -211,49 +211,48 @@ print(json.dumps({"sklearn": "sklearn" in sys.modules, "x": d.train_x.sum().item
 """
 
 
-def _digits_in_a_process(env: dict[str, str]) -> dict:
+def test_digits_load_from_the_disk_cache_without_importing_sklearn(tmp_path, monkeypatch):
+    """Ranks read the digits from joblib's cache: the same rows as scikit-learn's loader,
+    without its import; a damaged entry or an unusable folder costs only the import."""
     import json
     import os
     import subprocess
     import sys
 
+    from sklearn.datasets import load_digits
+
+    ref = load_digits()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    pixels, target, train_idx, eval_idx = wl.digits_arrays.__wrapped__()  # fills the cache
+    assert np.array_equal(pixels, ref.data) and np.array_equal(target, ref.target)
+    assert np.array_equal(np.sort(np.concatenate([train_idx, eval_idx])), np.arange(1797))
+    [entry] = list((tmp_path / "cache" / "commgym").rglob("output.pkl"))
+
     out = subprocess.run(
         [sys.executable, "-c", _DIGITS_PROBE],
-        env={**os.environ, **env},
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
         capture_output=True,
         text=True,
         timeout=300,
         check=True,
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def test_digits_load_from_the_disk_cache_without_importing_sklearn(tmp_path):
-    """Ranks read the digits from joblib's cache: the same rows as scikit-learn's loader,
-    without its import; a damaged entry or an unusable folder costs only the import."""
-    from sklearn.datasets import load_digits
-
+    fresh = json.loads(out.stdout.strip().splitlines()[-1])
     data = wl.load_digits_data()
-    here = {"x": data.train_x.sum().item(), "y": data.eval_y.tolist()}
-    pixels, target, train_idx, eval_idx = wl.digits_arrays()
-    ref = load_digits()
-    assert np.array_equal(pixels, ref.data) and np.array_equal(target, ref.target)
-    assert np.array_equal(np.sort(np.concatenate([train_idx, eval_idx])), np.arange(1797))
+    assert not fresh["sklearn"]  # a new process, e.g. a rank: read from the cache
+    assert fresh["x"] == data.train_x.sum().item() and fresh["y"] == data.eval_y.tolist()
 
-    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
-    first = _digits_in_a_process(cache)  # fills the cache
-    second = _digits_in_a_process(cache)
-    assert first["sklearn"] and not second["sklearn"]
-    assert {k: first[k] for k in here} == here == {k: second[k] for k in here}
-
-    [entry] = list((tmp_path / "cache" / "commgym").rglob("output.pkl"))
     entry.write_bytes(b"damaged")
-    again = _digits_in_a_process(cache)
-    assert again["sklearn"] and {k: again[k] for k in here} == here
+    again = wl.digits_arrays.__wrapped__()  # recomputed and written again
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(again, (pixels, target, train_idx, eval_idx), strict=True)
+    )
+    assert entry.read_bytes() != b"damaged"
 
     (tmp_path / "a-file").write_text("not a folder")
-    unusable = _digits_in_a_process({"XDG_CACHE_HOME": str(tmp_path / "a-file")})
-    assert unusable["sklearn"] and {k: unusable[k] for k in here} == here
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+    unusable = wl.digits_arrays.__wrapped__()
+    assert all(np.array_equal(a, b) for a, b in zip(unusable, again, strict=True))
     assert (tmp_path / "a-file").read_text() == "not a folder"
 
 
