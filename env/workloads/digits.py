@@ -108,7 +108,7 @@ def load_digits_data() -> WorkloadData:
     """
     pixels, target, train_idx, eval_idx = digits_arrays()
     x = torch.from_numpy((pixels / 16.0).astype(np.float32))
-    y = torch.from_numpy(target.astype(np.int64))
+    y = torch.from_numpy(target)  # int64 already (digits_arrays)
     tr, ev = torch.from_numpy(train_idx), torch.from_numpy(eval_idx)
     return WorkloadData(
         train_x=x[tr].contiguous(),
