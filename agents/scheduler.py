@@ -473,7 +473,9 @@ class CommScheduler:
                 + " (its observations differ from training: expect other decisions)",
                 stacklevel=2,
             )
-        kw: dict[str, Any] = {"seed": seed, "optimizer": optimizer}
+        # the observation reads the gradient norm of a window's last step only: measured
+        # there (request_grad_norm), not on every step (a pass DDP does not make)
+        kw: dict[str, Any] = {"seed": seed, "optimizer": optimizer, "grad_norm_every": 0}
         if timeout_s is not None:
             kw["timeout_s"] = timeout_s
         config = self.menu.decode(self._action)
@@ -557,7 +559,9 @@ class CommScheduler:
                 "sched.step() (not optimizer.step()) on every rank"
             )
         if len(self._recorder) == self.decision_every - 1:
-            self.sync.request_error_measurement()  # compression error of the window's last step
+            # compression error and gradient norm of the window's last step (observed)
+            self.sync.request_error_measurement()
+            self.sync.request_grad_norm()
         self._synced = self.sync.synchronize()
         return self._synced
 

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from commgym.collectives.averaging import PeriodicAverager, average_optimizer_state
+from commgym.collectives.checks import check_int
 from commgym.collectives.config import CommConfig
 from commgym.collectives.ddp_hook import ddp_comm_hook
 from commgym.collectives.stats import AveragingStats, StepStats
@@ -51,6 +52,10 @@ class DDPHookSynchronizer:
         seed: cross-rank seed of the compressors (checked equal on every rank).
         optimizer: averaged with the parameters when leaving local SGD.
         timeout_s: collective timeout of the checks, seconds.
+        grad_norm_every: measure ``StepStats.grad_norm`` every this many steps (a pass
+            over the gradients DDP does not make); 0 only on steps asked for with
+            :meth:`request_grad_norm`. Unmeasured steps report ``grad_norm`` and
+            ``nonfinite`` as ``None``, as :class:`GradientSynchronizer` does.
 
     Raises:
         TypeError: ``ddp_model`` is not a ``DistributedDataParallel``.
@@ -66,7 +71,9 @@ class DDPHookSynchronizer:
         seed: int = 0,
         optimizer: torch.optim.Optimizer | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        grad_norm_every: int = 1,
     ) -> None:
+        check_int("grad_norm_every", grad_norm_every, 0)
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError(
                 f"ddp_model must be a DistributedDataParallel, got {type(ddp_model).__name__}"
@@ -76,6 +83,8 @@ class DDPHookSynchronizer:
         self.seed = int(seed)
         self.optimizer = optimizer
         self.timeout_s = float(timeout_s)
+        self.grad_norm_every = grad_norm_every
+        self._norm_next = False
         self.world_size = dist.get_world_size(group)
         self.params = [p for p in ddp_model.module.parameters() if p.requires_grad]
         self._ctl_device = comm_device(group, self.params[0])
@@ -127,6 +136,10 @@ class DDPHookSynchronizer:
     def request_error_measurement(self) -> None:
         """No effect: the hook does not measure compression error (reported as None)."""
 
+    def request_grad_norm(self) -> None:
+        """Measure ``grad_norm`` on the next step regardless of ``grad_norm_every``."""
+        self._norm_next = True
+
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
         if self._t_forward is None and torch.is_grad_enabled():
             self._t_forward = time.perf_counter()
@@ -167,13 +180,19 @@ class DDPHookSynchronizer:
             :class:`StepStats`: bytes handed to collectives, compress/decompress time,
             ``compute_s`` = forward start to now (backward includes DDP's communication,
             so ``comm_wait_s`` is 0), the gradient norm and the non-finite flag (equal on
-            every rank at ``sync_period == 1``).
+            every rank at ``sync_period == 1``; both ``None`` on a step that does not
+            measure the norm, see ``grad_norm_every``).
         """
         now = time.perf_counter()
         st = self.state
-        grads = [p.grad for p in self.params if p.grad is not None]
-        sq = sum(float(torch.linalg.vector_norm(g.float())) ** 2 for g in grads)
-        grad_norm = math.sqrt(sq)
+        grad_norm: float | None = None
+        nonfinite: bool | None = None
+        if self._norm_next or (self.grad_norm_every and self._step % self.grad_norm_every == 0):
+            grads = [p.grad for p in self.params if p.grad is not None]
+            grad_norm = math.sqrt(
+                sum(float(torch.linalg.vector_norm(g.float())) ** 2 for g in grads)
+            )
+            nonfinite = st.nonfinite or not math.isfinite(grad_norm)
         compress_s = st.compress_s
         stats = StepStats(
             step=self._step,
@@ -184,7 +203,7 @@ class DDPHookSynchronizer:
             bucket_bytes=tuple(self._ddp_bucket_bytes()),
             compression_error=0.0 if self.config.compression.lossless else None,
             grad_norm=grad_norm,
-            nonfinite=st.nonfinite or not math.isfinite(grad_norm),
+            nonfinite=nonfinite,
             synchronized=st.communicate,
             collectives=0,
         )
@@ -193,6 +212,7 @@ class DDPHookSynchronizer:
         st.nonfinite = False
         self._t_forward = None
         self._step += 1
+        self._norm_next = False
         return stats
 
     def _ddp_bucket_bytes(self) -> list[int]:

@@ -33,8 +33,13 @@ class StepStats:
             coordinates per bucket (a fixed uniform sample; all of them for smaller
             buckets or ``error_sample=0``); 0.0 for lossless paths; ``None`` when not
             measured this step (see ``error_every``) or when ``||g|| == 0``.
-        grad_norm: L2 norm of the aggregated gradient written into ``.grad``.
-        nonfinite: True on *every* rank if any rank's gradient held NaN/inf.
+        grad_norm: L2 norm of the aggregated gradient written into ``.grad`` (of the
+            local gradient on a local-SGD step); ``None`` when not measured this step
+            (see the synchronizer's ``grad_norm_every``).
+        nonfinite: True on *every* rank if any rank's gradient held NaN/inf; ``None``
+            when not known this step: a compressor that lets non-finite values reach
+            every rank (``none``, ``fp16``, ``bf16``) on a step that did not measure
+            ``grad_norm``.
         synchronized: False on local-SGD steps (gradients stayed local).
         collectives: number of collective calls issued this step.
         instrumentation_s: host time ``synchronize()`` spent after the measured region
@@ -51,8 +56,8 @@ class StepStats:
     compress_s: float
     bucket_bytes: tuple[int, ...]
     compression_error: float | None
-    grad_norm: float
-    nonfinite: bool
+    grad_norm: float | None
+    nonfinite: bool | None
     synchronized: bool = True
     collectives: int = 0
     instrumentation_s: float = 0.0

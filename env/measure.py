@@ -64,7 +64,8 @@ class RankMeasurement:
         eval_acc: held-out accuracy on this rank's share (NaN when not measured).
         eval_n: held-out samples this rank evaluated.
         eval_s: wall time of the evaluation (not training time).
-        grad_norm: L2 norm of the aggregated gradient at the last iteration.
+        grad_norm: L2 norm of the aggregated gradient at the last iteration that measured
+            it (the window's last, which asks for it; NaN when none did).
         compression_error: ``||g - g_hat|| / ||g||`` at the last iteration (None when not
             measured).
         nonfinite: a gradient, loss or held-out loss was NaN/inf.
@@ -242,7 +243,7 @@ class DecisionRecorder:
             eval_acc=eval_acc,
             eval_n=eval_n,
             eval_s=eval_s,
-            grad_norm=last.grad_norm if last else 0.0,
+            grad_norm=_last_norm(stats),
             compression_error=last.compression_error if last else None,
             nonfinite=nonfinite,
             samples=samples,
@@ -274,6 +275,17 @@ def effective_bandwidth_gbps(bytes_total: float, comm_s: float) -> float:
         Gbit/s; 0.0 when nothing was waited on (``comm_s <= 0``).
     """
     return float(bytes_total) * 8 / float(comm_s) / 1e9 if comm_s > 0 else 0.0
+
+
+def _last_norm(stats: list[Any]) -> float:
+    """The gradient norm (``StepStats.grad_norm``) of the window's last step measuring one.
+
+    NaN when none did.
+    """
+    for s in reversed(stats):
+        if s.grad_norm is not None:
+            return float(s.grad_norm)
+    return math.nan
 
 
 def _mean(values: list[float]) -> float:

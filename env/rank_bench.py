@@ -9,8 +9,8 @@ commands; each rank answers with what it measured:
 ``allgather_bench``  :func:`bench_allgather`: fp32 all-gathers of given total sizes (the
                      surrogate's alpha-beta prior, ``commgym bench collectives``).
 ``sync_bench``       :func:`bench_sync`: torch ``DistributedDataParallel`` against
-                     :class:`~commgym.collectives.GradientSynchronizer`, interleaved round
-                     by round on the same model, weights and batches (``commgym bench
+                     :class:`~commgym.collectives.GradientSynchronizer`, interleaved step
+                     by step on the same model, weights and batches (``commgym bench
                      sync``).
 
 Measured regions hold no messaging: a command is received, run, and answered once.
@@ -23,7 +23,6 @@ import gc
 import math
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,7 +32,13 @@ from torch import nn
 from commgym.collectives import CommConfig, CompressionSpec, GradientSynchronizer
 from commgym.env.measure import LinkProbe  # noqa: F401 - its old home, re-exported
 
-__all__ = ["bench_allgather", "bench_allreduce", "bench_sync", "shard_batches", "timed_steps"]
+__all__ = [
+    "bench_allgather",
+    "bench_allreduce",
+    "bench_sync",
+    "interleaved_steps",
+    "shard_batches",
+]
 
 
 def bench_allreduce(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -108,94 +113,107 @@ def shard_batches(
     return batches
 
 
-def timed_steps(
+class _Runner:
+    """One configuration's replica, optimizer and step: torch DDP (``spec`` None) or ours."""
+
+    def __init__(
+        self,
+        base: nn.Module,
+        loss_fn: Any,
+        bucket_mb: float,
+        lr: float,
+        spec: str | None,
+        sync_period: int,
+    ) -> None:
+        self.model = copy.deepcopy(base)
+        self.loss_fn = loss_fn
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.9)
+        self.stats: list[tuple[Any, Any]] = []
+        self.sync: GradientSynchronizer | None = None
+        self.ddp: nn.Module | None = None
+        if spec is None:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.ddp = DistributedDataParallel(self.model, bucket_cap_mb=bucket_mb)
+        else:
+            self.sync = GradientSynchronizer(
+                self.model,
+                CommConfig(spec, bucket_mb=bucket_mb, sync_period=sync_period),
+                # as the env's ranks and CommScheduler run it: no per-step statistics
+                # beyond the exchange (they ask for them on a decision's last step)
+                error_every=0,
+                grad_norm_every=0,
+            )
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, keep: bool) -> None:
+        opt, sync = self.opt, self.sync
+        opt.zero_grad()
+        if sync is None:
+            assert self.ddp is not None
+            self.loss_fn(self.ddp(x), y).backward()  # all-reduced by DDP's reducer
+            opt.step()
+            return
+        self.loss_fn(self.model(x), y).backward()
+        st = sync.synchronize()
+        opt.step()
+        avg = sync.after_optimizer_step()
+        if keep:
+            self.stats.append((st, avg))
+
+    def close(self) -> list[dict[str, Any]]:
+        """Remove ours' hooks; ours' per-measured-step statistics (none for DDP)."""
+        if self.sync is None:
+            self.ddp = None  # DDP's reducer goes with it
+            return []
+        self.sync.remove_hooks()
+        return [
+            {
+                "bytes_sent": s.bytes_sent + a.bytes_sent,
+                "averaged": a.averaged,
+                "compute_s": s.compute_s,
+                "comm_wait_s": s.comm_wait_s,
+                "compress_s": s.compress_s,
+                "collectives": s.collectives,
+                "bucket_bytes": list(s.bucket_bytes),
+            }
+            for s, a in self.stats
+        ]
+
+
+def interleaved_steps(
+    runners: list[_Runner],
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     warmup: int,
-    step: Callable[[torch.Tensor, torch.Tensor], Any],
-) -> tuple[list[float], list[Any]]:
-    """``step(x, y)`` on every batch, each timed whole; the first ``warmup`` not kept.
+) -> list[list[float]]:
+    """Every runner's step on every batch, interleaved step by step; each timed whole.
 
-    Barriers separate the configuration from the one before and the warm-up from the
-    measured steps (never inside a timed step): a collective, so every rank of the default
-    process group calls it. :func:`bench_sync`'s loop, public for scripts that time their
-    own steps the same way.
+    Batch ``i`` is stepped by every runner in turn, the order rotated by one each batch
+    (A B, B A, ... for two) so that neither goes first more often: a slow spell of the
+    machine (this benchmark's main noise on a shared host, seconds long) falls on
+    neighbouring steps of every configuration alike instead of on one configuration's
+    block. Barriers separate the warm-up from the measured steps (never inside a timed
+    step): a collective, so every rank of the default process group calls it.
 
     Returns:
-        ``(seconds per measured step, what step returned for each)``.
+        Per runner, the seconds of each measured step (``len(batches) - warmup``).
     """
-    times: list[float] = []
-    outs: list[Any] = []
+    times: list[list[float]] = [[] for _ in runners]
+    n = len(runners)
     gc.collect()
     dist.barrier()
     for i, (x, y) in enumerate(batches):
         if i == warmup:
             dist.barrier()
-        t0 = time.perf_counter()
-        out = step(x, y)
-        t1 = time.perf_counter()
-        if i >= warmup:
-            times.append(t1 - t0)
-            outs.append(out)
+        keep = i >= warmup
+        for k in range(n):
+            j = (i + k) % n
+            t0 = time.perf_counter()
+            runners[j].step(x, y, keep)
+            t1 = time.perf_counter()
+            if keep:
+                times[j].append(t1 - t0)
     dist.barrier()
-    return times, outs
-
-
-def _run_config(
-    base: nn.Module,
-    batches: list[tuple[torch.Tensor, torch.Tensor]],
-    loss_fn: Any,
-    warmup: int,
-    bucket_mb: float,
-    lr: float,
-    spec: str | None,
-    sync_period: int = 1,
-) -> tuple[list[float], list[dict[str, Any]], nn.Module]:
-    """One configuration from ``base``'s weights: torch DDP (``spec`` None) or ours.
-
-    Returns:
-        ``(seconds per measured step, ours' per-step statistics (none for DDP), the
-        trained model)``.
-    """
-    model = copy.deepcopy(base)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    if spec is None:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
-
-        def ddp_step(x: torch.Tensor, y: torch.Tensor) -> None:
-            opt.zero_grad()
-            loss_fn(ddp(x), y).backward()  # gradients all-reduced by DDP's reducer
-            opt.step()
-
-        times, _ = timed_steps(batches, warmup, ddp_step)  # DDP's reducer goes with this frame
-        return times, [], model
-    sync = GradientSynchronizer(
-        model, CommConfig(spec, bucket_mb=bucket_mb, sync_period=sync_period), error_every=0
-    )
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[Any, Any]:
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        st = sync.synchronize()
-        opt.step()
-        return st, sync.after_optimizer_step()
-
-    times, stats = timed_steps(batches, warmup, step)
-    sync.remove_hooks()
-    rows = [
-        {
-            "bytes_sent": s.bytes_sent + a.bytes_sent,
-            "averaged": a.averaged,
-            "compute_s": s.compute_s,
-            "comm_wait_s": s.comm_wait_s,
-            "compress_s": s.compress_s,
-            "collectives": s.collectives,
-            "bucket_bytes": list(s.bucket_bytes),
-        }
-        for s, a in stats
-    ]
-    return times, rows, model
+    return times
 
 
 def _max_abs_diff(a: nn.Module, b: nn.Module) -> float:
@@ -208,13 +226,14 @@ def _max_abs_diff(a: nn.Module, b: nn.Module) -> float:
 def bench_sync(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """DDP against ours on this rank, interleaved (every rank runs it; all get the result).
 
-    For every round: DDP, then ours with ``none``, then ours with each other spec of
-    ``compressors`` (duplicates and ``none`` are measured once); each configuration
-    starts from the same initial weights, runs ``warmup`` unmeasured and ``steps``
-    measured steps over the same batches. A step is ``zero_grad`` + forward + backward +
-    (DDP's implicit all-reduce | ``synchronize()``) + ``optimizer.step()`` (+
-    ``after_optimizer_step()``), timed whole with ``time.perf_counter``. Configurations
-    are separated by barriers, never inside the timed steps.
+    For every round: DDP, ours with ``none`` and ours with each other spec of
+    ``compressors`` (duplicates and ``none`` are measured once), each its own replica
+    from the same initial weights, run ``warmup`` unmeasured and ``steps`` measured steps
+    over the same batches, interleaved step by step (:func:`interleaved_steps`: batch
+    ``i`` is stepped by every configuration in turn, the order rotated each batch). A step
+    is ``zero_grad`` + forward + backward + (DDP's implicit all-reduce |
+    ``synchronize()``) + ``optimizer.step()`` (+ ``after_optimizer_step()``), timed whole
+    with ``time.perf_counter``; barriers only between the warm-up and the measured steps.
 
     Args:
         msg: the ``sync_bench`` command: ``workload`` (a ``WORKLOADS`` name; its model,
@@ -262,16 +281,19 @@ def bench_sync(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
     local: dict[str, list[list[float]]] = {c: [] for c in configs}
     ours: dict[str, list[list[dict[str, Any]]]] = {s: [] for s in specs}
     max_diff = 0.0
-    setup = (base, batches, wl.loss_fn, warmup, bucket_mb, lr)
     for _ in range(rounds):
-        times, _, ddp_model = _run_config(*setup, None)
-        local["ddp"].append(times)
-        for spec in specs:
-            times, rows, ours_model = _run_config(*setup, spec, sync_period)
-            local[spec].append(times)
-            ours[spec].append(rows)
-            if spec == "none" and sync_period == 1:
-                max_diff = max(max_diff, _max_abs_diff(ddp_model, ours_model))
+        # every configuration from the same initial weights and batches, stepped in turn
+        runners = [
+            _Runner(base, wl.loss_fn, bucket_mb, lr, spec, sync_period) for spec in [None, *specs]
+        ]
+        times = interleaved_steps(runners, batches, warmup)
+        for c, runner, t in zip(configs, runners, times, strict=True):
+            local[c].append(t)
+            rows = runner.close()
+            if c != "ddp":
+                ours[c].append(rows)
+        if sync_period == 1:
+            max_diff = max(max_diff, _max_abs_diff(runners[0].model, runners[1].model))
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, local)
     step_s = {

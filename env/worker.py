@@ -121,7 +121,12 @@ class RankRunner:
         else:
             self.opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
         self.sync = GradientSynchronizer(
-            model, CommConfig(**msg["config"]), seed=seed, error_every=0, optimizer=self.opt
+            model,
+            CommConfig(**msg["config"]),
+            seed=seed,
+            error_every=0,
+            grad_norm_every=0,  # the observation reads the last step's: asked for there
+            optimizer=self.opt,
         )
         data = wl.load_data()
         self.batch_size = int(self.config.batch_size or wl.default_batch_size)
@@ -208,6 +213,7 @@ class RankRunner:
         for i in range(steps):
             if i == steps - 1:
                 sync.request_error_measurement()
+                sync.request_grad_norm()
             t0 = time.perf_counter()
             delay = self.stragglers.delay_s(self.rank, straggler)
             if delay:  # a late rank: it sleeps inside the timed iteration, costing no CPU

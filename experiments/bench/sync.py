@@ -3,13 +3,15 @@
 One launch of ``world_size`` gloo ranks (a :class:`~commgym.env.cluster.Cluster` of
 :mod:`commgym.env.worker` ranks, as the env starts them; over emulated links with
 ``network``) runs the worker's ``sync_bench`` command
-(:func:`commgym.env.rank_bench.bench_sync`): interleaved round by round, torch
+(:func:`commgym.env.rank_bench.bench_sync`): interleaved step by step, torch
 ``DistributedDataParallel`` and our synchronizer with the same model (a ``WORKLOADS``
-entry), initial weights, batches and bucket size, first with ``none`` compression and then
-with every requested compressor. The parent process summarises per-step medians, the ratio
+entry), initial weights, batches and bucket size, with ``none`` compression and with
+every requested compressor; ours is built as the env's ranks and ``CommScheduler`` build
+it (no per-step gradient norm or compression error: they measure those on a decision's
+last step). The parent process summarises per-step medians, the ratio
 ours/DDP of medians measured in the same run, the bytes on the wire and the compression
-ratio. For ``none`` it takes the ratio ours/DDP per round (each round runs both on the
-same batches, one after the other), prints their median and spread and a distribution-free
+ratio. For ``none`` it takes the ratio ours/DDP per round (each round steps both on the
+same batches, in turn), prints their median and spread and a distribution-free
 confidence interval of that median, says whether the difference from DDP is inside that
 noise, and gives a verdict for the target: median per-round ratio ``<= 1.03`` (goal
 ``<= 1.00``).
@@ -191,7 +193,9 @@ def _print_report(console: Console, summary: dict[str, Any], meta: dict[str, Any
         title=(
             f"bench sync: {meta['model']} ({summary['numel'] / 1e6:.2f}M params), "
             f"{meta['world_size']} gloo ranks on {network}, bucket {meta['bucket_mb']:g} MiB, "
-            f"{meta['rounds']} rounds x {meta['steps']} steps (+{meta['warmup']} warm-up)"
+            f"{meta['rounds']} rounds x {meta['steps']} steps (+{meta['warmup']} warm-up), "
+            "interleaved step by step; ours as the env runs it (norm and error measured "
+            "only on a decision's last step)"
             + (f", ours at sync period {period} (DDP every step)" if period > 1 else "")
         ),
     )

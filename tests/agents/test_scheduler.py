@@ -109,6 +109,35 @@ def test_observation_parity_with_env(dist2):
         assert env_obs[2][7] != 0.0 and env_obs[2][9] != 0.0 and env_obs[2][10] == 0.25
 
 
+def rank_norm_per_window(rank, world):
+    torch.manual_seed(0)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sched = CommScheduler(
+        model, opt, "static:ddp-default", decision_every=3, eval_fn=lambda: 2.3, time_budget_s=60.0
+    )
+    gen = torch.Generator().manual_seed(rank)
+    norms = []
+    for _ in range(9):
+        x = torch.randn(8, next(model.parameters()).shape[1], generator=gen)
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        norms.append(sched.synchronize().grad_norm)
+        sched.step(loss)
+    measured = [r.measured["grad_norm"] for r in sched.records]
+    sched.close()
+    return norms, measured
+
+
+def test_the_gradient_norm_is_measured_on_each_windows_last_step_only(dist2):
+    """The observation reads the last step's norm; the steps before it skip that pass."""
+    for norms, measured in dist2.run(rank_norm_per_window):
+        assert [n is None for n in norms] == [True, True, False] * 3
+        assert len(measured) == 3 and all(math.isfinite(m) and m > 0 for m in measured)
+        assert measured == pytest.approx([norms[2], norms[5], norms[8]])
+
+
 def test_exchanged_fields_cover_aggregation():
     # every field from_ranks reads travels in the all-gather (bucket_bytes stays local)
     needed = set(_rank_dict(0, 0)) - {"bucket_bytes"}

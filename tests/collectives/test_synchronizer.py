@@ -440,6 +440,53 @@ def test_nonfinite_on_one_rank_is_reported_everywhere(dist_any, spec):
 
 
 # ---------------------------------------------------------------------------------
+def rank_norm_on_request(rank, world, spec, period):
+    """grad_norm_every=0: the norm only where asked; non-finite known where it can be."""
+    torch.manual_seed(0)
+    model = mlp()
+    sync = GradientSynchronizer(
+        model,
+        CommConfig(spec, bucket_mb=0.004, sync_period=period),
+        error_every=0,  # a step measuring the error measures the norm too
+        grad_norm_every=0,
+    )
+    out = []
+    for step in range(4):
+        model.zero_grad(set_to_none=True)
+        x, y = _batch(rank, step)
+        if step == 1 and rank == world - 1:
+            x[0, 0] = float("nan")
+        if step == 2:  # the request holds for this step, not the next
+            sync.request_grad_norm()
+        F.cross_entropy(model(x), y).backward()
+        stats = sync.synchronize()
+        sync.after_optimizer_step()
+        out.append((stats.grad_norm, stats.nonfinite))  # no optimizer: weights stay
+        if step == 2:  # the gradient written into .grad (synchronised, or local at H > 1)
+            norm_expected = math.sqrt(sum(float(p.grad.norm()) ** 2 for p in model.parameters()))
+    return {"out": out, "norm_expected": norm_expected}
+
+
+@pytest.mark.parametrize("spec,period", [("none", 1), ("topk:0.05", 1), ("none", 2)])
+def test_grad_norm_measured_only_on_request_with_grad_norm_every_0(dist2, spec, period):
+    """The env's ranks and CommScheduler skip the per-step norm pass DDP does not make."""
+    for r in dist2.run(rank_norm_on_request, spec, period):
+        norms = [o[0] for o in r["out"]]
+        flags = [o[1] for o in r["out"]]
+        assert norms[0] is None and norms[1] is None and norms[3] is None
+        assert norms[2] == pytest.approx(r["norm_expected"], rel=1e-5)
+        assert flags[2] is False
+        if spec == "none" and period == 1:
+            # unmeasured: not known (the NaN reached every rank's gradient alike)
+            assert flags[:2] == [None, None] and flags[3] is None
+        elif period == 1:
+            # carried in the exchange: exact on every step, measured or not
+            assert flags[:2] == [False, True] and flags[3] is False
+        else:  # local gradients: known on a measured step only
+            assert flags[:2] == [None, None] and flags[3] is None
+
+
+# ---------------------------------------------------------------------------------
 def rank_odd_all_specs(rank, world):
     out = {}
     for spec in ALL_SPECS:
