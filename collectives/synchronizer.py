@@ -340,6 +340,7 @@ class GradientSynchronizer:
         self.model = model
         self.group = group
         self.world_size = dist.get_world_size(group)
+        self._inv_world = 1.0 / self.world_size
         self.rank = dist.get_rank(group)
         self.seed = int(seed)
         self.error_every = error_every
@@ -635,11 +636,18 @@ class GradientSynchronizer:
         plan = self.plan
         view = plan.views[index]
         grad = param.grad
-        if grad is not None and not _is_view_of(grad, view):
-            with torch.no_grad():
-                view.copy_(grad)
-            if _can_alias(param, grad):
-                param.grad = view
+        # DDP's reducer multiplies by 1/W while copying into the bucket (one pass, not a
+        # copy and then a pass over the bucket): the same fp32 products, so `none` keeps
+        # DDP's bits
+        with torch.no_grad():
+            if grad is None:
+                view.zero_()
+            elif not _is_view_of(grad, view):
+                torch.mul(grad, self._inv_world, out=view)
+                if _can_alias(param, grad):
+                    param.grad = view
+            else:  # accumulated into the bucket view in place
+                view.mul_(self._inv_world)
         g = param.grad
         aliased = g is not None and _is_view_of(g, view)
         # a gradient that is a bucket view is checked through the bucket's version
@@ -665,7 +673,9 @@ class GradientSynchronizer:
                     p, view = self.params[i], plan.views[i]
                     if st.used[i] and p.grad is not None:  # accumulated under no_sync()
                         if not _is_view_of(p.grad, view):
-                            view.copy_(p.grad)
+                            torch.mul(p.grad, self._inv_world, out=view)
+                        else:
+                            view.mul_(self._inv_world)
                     else:
                         view.zero_()
                     st.ready[i] = True
@@ -687,8 +697,8 @@ class GradientSynchronizer:
         flat = plan.buffers[b]
         layout = plan.layouts[b]
         t0 = self._clock.mark()
-        # DDP's reducer multiplies by 1/W (not divides): bit-identical `none` at any W
-        flat.mul_(1.0 / self.world_size)
+        # every view of the bucket holds its gradient times 1/W already (DDP's reducer
+        # multiplies, not divides: bit-identical `none` at any W)
         if self._measuring and flat.numel():
             idx = self._err_idx[b]
             ref = self._err_ref.get(b)
