@@ -349,7 +349,7 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     ),
     "commgym bench sync --network 1gbit --model wide-mlp --compressors int8,topk:0.01,powersgd:4 "
     "--steps 10 --warmup 2 --rounds 2": Run("--steps 3 --warmup 0 --rounds 1"),
-    "commgym bench sync --compressors none": Run("--steps 3 --warmup 0 --rounds 1"),
+    "commgym bench sync --compressors none --steps 100": Run("--steps 3 --warmup 0 --rounds 1"),
     "commgym bench env": Mention("commgym bench env --decisions 40"),
     "commgym bench env --decisions 40": Run("--decisions 4", expect=("overhead",)),
     "commgym bench env --workload mid-mlp --world-size 4 --steps-per-decision 4 --decisions 24 "
