@@ -290,8 +290,8 @@ def _print_report(console: Console, res: dict[str, Any]) -> None:
         (
             "commgym's statistics",
             "instrumentation_s",
-            "its instrumentation_s: gradient norm / non-finite check every iteration, the "
-            "reference all-reduce behind compression_error once (lossy entries; sampled "
+            "its instrumentation_s: on the decision's last iteration, the gradient norm "
+            "and the reference all-reduce behind compression_error (lossy entries; sampled "
             "coordinates)",
         ),
         (
