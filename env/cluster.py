@@ -45,12 +45,47 @@ from commgym.collectives.errors import CollectiveTimeout, CommgymError, WorkerFa
 if TYPE_CHECKING:  # pragma: no cover
     from commgym.env.net import EmulatedNetwork
 
-__all__ = ["Cluster", "LaunchConfig"]
+__all__ = ["Cluster", "LaunchConfig", "scratch_dir"]
 
 #: c10d rendezvous port inside rank 0's private network namespace (no other user).
 _RDZV_PORT = 29400
 
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
+
+
+def _pid_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it runs
+        return True
+    return True
+
+
+def scratch_dir(kind: str) -> Path:
+    """A new private temp folder ``commgym-<kind>-<pid>-XXXXXXXX``; stale ones removed first.
+
+    The process that makes a folder removes it when done, but one killed with SIGKILL (a
+    Ray actor whose node or driver is lost, a driver killed from a shell) cannot; the next
+    call of the same kind on this machine removes every ``commgym-<kind>-<pid>-*`` folder
+    whose ``pid`` no longer runs. A folder whose pid runs (the owner, or a process that
+    reused its number) is left alone.
+
+    Args:
+        kind: what the folder is for (``cluster``: a launch's log and torchrun's temp
+            files; ``record``: a recording stream's files).
+
+    Returns:
+        The new folder (mode 0700, in :func:`tempfile.gettempdir`).
+    """
+    root = Path(tempfile.gettempdir())
+    prefix = f"commgym-{kind}-"
+    for old in root.glob(f"{prefix}*-*"):
+        pid = old.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and not _pid_runs(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root))
 
 
 @atexit.register
@@ -260,8 +295,8 @@ class Cluster:
         _LIVE.add(self)
         if self.launch:
             # one scratch folder per launch: the launcher log and torchrun's own temp files
-            # (TMPDIR), removed on kill()
-            self._scratch = Path(tempfile.mkdtemp(prefix="commgym-cluster-"))
+            # (TMPDIR), removed on kill() (or, if this process is SIGKILLed, by the next)
+            self._scratch = scratch_dir("cluster")
             log = self._scratch / "torchrun.log"
             self._log_path = log
             env = dict(os.environ)

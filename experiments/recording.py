@@ -18,7 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import tempfile
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -155,15 +155,20 @@ def record_stream(
     Returns:
         ``(transitions CSV text, collective timings JSON text or None, seconds)``.
     """
-    with tempfile.TemporaryDirectory(prefix="commgym-record-") as tmp:
+    from commgym.env.cluster import scratch_dir
+
+    tmp = scratch_dir("record")  # a killed actor's folder goes at the next one's start
+    try:
         path, bench_path, secs = record_dataset(
-            env, Path(tmp) / "transitions.csv", decisions, policy, seed, bench
+            env, tmp / "transitions.csv", decisions, policy, seed, bench
         )
         return (
             Path(path).read_text(),
             None if bench_path is None else Path(bench_path).read_text(),
             secs,
         )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def concat_streams(texts: Sequence[str]) -> str:

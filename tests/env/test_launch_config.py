@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -177,3 +179,28 @@ def test_no_setting_is_read_from_commgym_variables_but_the_key():
     assert names == {"COMMGYM_AUTHKEY"}, found
     # the key is written by the launcher and read by the rank, nowhere else
     assert sorted(found) == ["env/cluster.py", "env/worker.py"], found
+
+
+def test_a_killed_processs_scratch_folder_is_removed_by_the_next_one():
+    """A SIGKILLed driver or actor cannot remove its launch folder; the next launch does."""
+    from commgym.env.cluster import scratch_dir
+
+    code = (
+        "import sys, time\n"
+        "from commgym.env.cluster import scratch_dir\n"
+        "d = scratch_dir('cluster'); (d / 'torchrun.log').write_text('x')\n"
+        "print(d, flush=True); time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        killed = Path(proc.stdout.readline().strip())
+        assert killed.is_dir() and killed.name.startswith(f"commgym-cluster-{proc.pid}-")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    mine = scratch_dir("cluster")  # this process runs: its folder stays
+    try:
+        assert not killed.exists(), "the killed process's folder was left behind"
+        assert mine.is_dir() and mine.name.startswith(f"commgym-cluster-{os.getpid()}-")
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
