@@ -410,6 +410,14 @@ def test_powersgd_converges_to_mean_and_survives_rank_change(dist_any):
 
 
 # ---------------------------------------------------------------------------------
+def _batch_nan_at_step_1(rank: int, world: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_batch(rank, step)``, with one NaN input on the last rank at step 1."""
+    x, y = _batch(rank, step)
+    if step == 1 and rank == world - 1:
+        x[0, 0] = float("nan")
+    return x, y
+
+
 def rank_nonfinite(rank, world, spec):
     torch.manual_seed(0)
     model = mlp()
@@ -417,9 +425,7 @@ def rank_nonfinite(rank, world, spec):
     out = []
     for step in range(3):
         model.zero_grad(set_to_none=True)
-        x, y = _batch(rank, step)
-        if step == 1 and rank == world - 1:
-            x[0, 0] = float("nan")
+        x, y = _batch_nan_at_step_1(rank, world, step)
         F.cross_entropy(model(x), y).backward()
         stats = sync.synchronize()
         residual_finite = all(
@@ -453,9 +459,7 @@ def rank_norm_on_request(rank, world, spec, period):
     out = []
     for step in range(4):
         model.zero_grad(set_to_none=True)
-        x, y = _batch(rank, step)
-        if step == 1 and rank == world - 1:
-            x[0, 0] = float("nan")
+        x, y = _batch_nan_at_step_1(rank, world, step)
         if step == 2:  # the request holds for this step, not the next
             sync.request_grad_norm()
         F.cross_entropy(model(x), y).backward()
