@@ -109,17 +109,22 @@ def test_observation_parity_with_env(dist2):
         assert env_obs[2][7] != 0.0 and env_obs[2][9] != 0.0 and env_obs[2][10] == 0.25
 
 
-def rank_norm_per_window(rank, world):
+def rank_norm_per_window(rank, world, user_ddp):
+    from torch.nn.parallel import DistributedDataParallel
+
     torch.manual_seed(0)
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    width = next(model.parameters()).shape[1]
+    if user_ddp:  # the user's own DDP model: CommScheduler drives it through its comm hook
+        model = DistributedDataParallel(model)
     sched = CommScheduler(
         model, opt, "static:ddp-default", decision_every=3, eval_fn=lambda: 2.3, time_budget_s=60.0
     )
     gen = torch.Generator().manual_seed(rank)
     norms = []
     for _ in range(9):
-        x = torch.randn(8, next(model.parameters()).shape[1], generator=gen)
+        x = torch.randn(8, width, generator=gen)
         loss = model(x).square().mean()
         opt.zero_grad()
         loss.backward()
@@ -130,9 +135,10 @@ def rank_norm_per_window(rank, world):
     return norms, measured
 
 
-def test_the_gradient_norm_is_measured_on_each_windows_last_step_only(dist2):
+@pytest.mark.parametrize("user_ddp", [False, True])
+def test_the_gradient_norm_is_measured_on_each_windows_last_step_only(dist2, user_ddp):
     """The observation reads the last step's norm; the steps before it skip that pass."""
-    for norms, measured in dist2.run(rank_norm_per_window):
+    for norms, measured in dist2.run(rank_norm_per_window, user_ddp):
         assert [n is None for n in norms] == [True, True, False] * 3
         assert len(measured) == 3 and all(math.isfinite(m) and m > 0 for m in measured)
         assert measured == pytest.approx([norms[2], norms[5], norms[8]])
