@@ -19,7 +19,6 @@ from commgym.collectives.ddp_hook import ddp_comm_hook
 from commgym.collectives.stats import AveragingStats, StepStats
 from commgym.collectives.synchronizer import (
     DEFAULT_TIMEOUT_S,
-    _norm,
     check_same_on_all_ranks,
     comm_device,
 )
@@ -189,7 +188,10 @@ class DDPHookSynchronizer:
         grad_norm: float | None = None
         nonfinite: bool | None = None
         if self._norm_next or (self.grad_norm_every and self._step % self.grad_norm_every == 0):
-            grad_norm = _norm([p.grad for p in self.params if p.grad is not None])
+            grads = [p.grad for p in self.params if p.grad is not None]
+            grad_norm = math.sqrt(
+                sum(float(torch.linalg.vector_norm(g.float())) ** 2 for g in grads)
+            )
             nonfinite = st.nonfinite or not math.isfinite(grad_norm)
         compress_s = st.compress_s
         stats = StepStats(
