@@ -41,8 +41,11 @@ and the module defining it is imported where ``app`` is run, so the command is r
 
 from __future__ import annotations
 
+import _thread
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -585,10 +588,46 @@ def _on_signal(signum: int, frame: Any) -> None:
     raise Terminated(signum)
 
 
+def _on_unraisable(unraisable: Any) -> None:
+    """Deliver again a signal whose :class:`Terminated` a finaliser swallowed.
+
+    Python runs a signal handler in the main thread at the next bytecode boundary, which
+    can lie inside a ``__del__`` or a weakref callback (SQLAlchemy's, while MLflow's store
+    is collected): what it raises there is only printed ("Exception ignored in ..."), and
+    the command went on training with the signal spent (seen 2026-12-07: ``commgym train``
+    ignored SIGTERM, then every later one). The signal is simulated again for the main
+    thread (:func:`_thread.interrupt_main`) from another thread, once this hook has
+    returned, so that its handler raises outside the finaliser (should it land in one
+    again, this hook repeats).
+    """
+    if isinstance(unraisable.exc_value, Terminated):
+        _received.clear()
+        threading.Thread(
+            target=_redeliver, args=(unraisable.exc_value.signum,), daemon=True
+        ).start()
+        return
+    _previous_unraisablehook(unraisable)
+
+
+_previous_unraisablehook = sys.unraisablehook
+
+
+def _redeliver(signum: int) -> None:
+    # raised at once, the handler would run inside the hook (Thread.start waits for the
+    # thread), where it is swallowed again: the hook returns first
+    time.sleep(0.05)
+    _thread.interrupt_main(signum)
+
+
 def install_signal_handlers() -> None:
-    """Route SIGTERM and SIGHUP through Ctrl-C's cleanup (main thread only)."""
+    """Route SIGTERM and SIGHUP through Ctrl-C's cleanup (main thread only).
+
+    A :class:`Terminated` raised inside a finaliser is delivered again
+    (:func:`_on_unraisable`).
+    """
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
+    sys.unraisablehook = _on_unraisable
 
 
 def main() -> None:

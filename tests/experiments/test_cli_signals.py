@@ -50,3 +50,46 @@ def test_sigterm_to_train_on_emulated_network_leaves_nothing(tmp_path):
     assert runs and all(r.info.status in ("KILLED", "FAILED") for r in runs), [
         (r.info.run_name, r.info.status) for r in runs
     ]
+
+
+#: a finaliser that runs Python code after the signal arrives: its handler then runs inside
+#: the finaliser, where what it raises is only printed (``Exception ignored in ...``)
+_SWALLOWING_FINALISER = """
+import os, signal, sys, time
+from commgym.experiments.cli import install_signal_handlers
+
+install_signal_handlers()
+
+class Finalised:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # backward jumps: the eval loop runs pending handlers here
+            pass
+
+Finalised()
+try:
+    for _ in range(50):
+        time.sleep(0.1)
+except KeyboardInterrupt as err:
+    print("stopped by", type(err).__name__, err)
+    sys.exit(143)
+print("still running")
+"""
+
+
+def test_a_sigterm_whose_handler_ran_inside_a_finaliser_still_stops_the_command():
+    """A signal handler runs at the next bytecode boundary of the main thread, which may be
+    inside a ``__del__`` or a weakref callback; there the Terminated it raises is swallowed.
+    The command must still stop (the signal is delivered again), not go on training."""
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _SWALLOWING_FINALISER],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 143, done.stdout + done.stderr
+    assert "stopped by Terminated SIGTERM" in done.stdout
+    assert "Exception ignored" not in done.stderr
