@@ -238,6 +238,10 @@ class FilterClock:
         self.fields = LINK_CLOCK_FIELDS + (FILTER_CLOCK_FIELDS if self.belief else ())
         self.state: Any = None
         self._first = True
+        #: the filter's expected time to target of every flat entry after the last
+        #: :meth:`update`, s (``None`` before its first reading of the link): what its plan
+        #: prices each entry at, with the chance that the link changes (``plan_times``)
+        self.plan_times: np.ndarray | None = None
 
     def update(self, observation: np.ndarray) -> np.ndarray:
         """Advance the filter by one observation and return the clock's features.
@@ -253,6 +257,8 @@ class FilterClock:
             observation, self.state, episode_start=np.array([self._first])
         )
         self._first = False
+        # this observation's plan (the filter is shared by every row's clock): a shield reads it
+        self.plan_times = None if self.agent.plan_times is None else self.agent.plan_times.copy()
         st = self.state or {}
         if "since_s" not in st:  # no reading of the link yet
             return np.zeros(len(self.fields), dtype=np.float32)

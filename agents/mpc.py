@@ -78,6 +78,7 @@ import gymnasium as gym
 import numpy as np
 
 from commgym.agents.base import StepAgent
+from commgym.collectives.checks import check_float
 from commgym.env.spaces import OBSERVATION_FIELDS, probe_gbps
 
 __all__ = ["ModelPredictiveAgent"]
@@ -131,6 +132,16 @@ class ModelPredictiveAgent(StepAgent):
             (module docstring); without it the hazard alone makes it hedge where links
             alternate (on ``flaky-link`` in the simulator 8.63 s against 6.95 s with it,
             docs/simulator.md).
+        timing_sigma: the standard deviation of a reading's ``log step_s`` around the
+            modelled iteration of the entry on each link (:meth:`link_posterior`); default
+            :data:`TIMING_SIGMA`, the per-decision spread of one day's calibration. The
+            model's own error across days is larger for compressing entries (22-31 % on
+            10 Gbit/s, record 2026-12-06_204907; `powersgd:2/H2` 18 % over the ranks' on
+            10 Mbit/s, record 2026-12-07_003801), where the links' modelled iterations lie
+            only 1.4-1.7x apart: at 0.12 one such reading moves the belief ~20x and a
+            PowerSGD reading on a slow link read as fast has sent a dense entry into it
+            (docs/simulator.md, the held-back variant). A larger value keeps those readings
+            soft; entries whose links lie 5-200x apart still read surely.
 
     Raises:
         ValueError: no calibration, one that does not fit the env's config, a horizon
@@ -154,6 +165,7 @@ class ModelPredictiveAgent(StepAgent):
         max_decisions_ahead: int = 400,
         link_from: str | None = None,
         anticipate: bool = True,
+        timing_sigma: float = TIMING_SIGMA,
     ) -> None:
         if calibration is None:
             raise ValueError(
@@ -170,6 +182,7 @@ class ModelPredictiveAgent(StepAgent):
             )
         if link_from is not None and link_from not in LINK_READINGS:
             raise ValueError(f"link_from must be one of {list(LINK_READINGS)}, got {link_from!r}")
+        timing_sigma = check_float("timing_sigma", timing_sigma, 0.0, strict=True, note=" (log)")
         super().__init__(
             env,
             seed=seed,
@@ -177,7 +190,9 @@ class ModelPredictiveAgent(StepAgent):
             max_decisions_ahead=max_decisions_ahead,
             link_from=link_from,
             anticipate=anticipate,
+            timing_sigma=timing_sigma,
         )
+        self.timing_sigma = timing_sigma
         from commgym.env.sim import Calibration, SimModel
 
         path = Path(calibration)
@@ -291,7 +306,7 @@ class ModelPredictiveAgent(StepAgent):
 
         A Bayes update over the calibrated links (an HMM filter's measurement step): the
         likelihood of ``log step_s`` is normal around each link's modelled
-        ``log(step + (scale - 1) * off_wire)`` with :data:`TIMING_SIGMA`; an entry that
+        ``log(step + (scale - 1) * off_wire)`` with :attr:`timing_sigma`; an entry that
         times the links alike leaves the prior as it was.
 
         Args:
@@ -310,7 +325,7 @@ class ModelPredictiveAgent(StepAgent):
         n = len(self._timing_links)
         prior = prior or [1.0 / n] * n
         z = [
-            -0.5 * ((math.log(max(row[entry] + off, 1e-9)) - x) / TIMING_SIGMA) ** 2
+            -0.5 * ((math.log(max(row[entry] + off, 1e-9)) - x) / self.timing_sigma) ** 2
             for row in self._timing_step
         ]
         top = max(z)

@@ -41,7 +41,7 @@ from commgym.agents.base import (
     step_report,
     zip_path,
 )
-from commgym.collectives.checks import check_int
+from commgym.collectives.checks import check_float, check_int
 from commgym.env import FlattenAction
 
 __all__ = ["A2CAgent", "DQNAgent", "PPOAgent", "RecurrentPPOAgent", "SB3Agent"]
@@ -199,8 +199,22 @@ class SB3Agent(Agent):
             too (``commgym train`` gives it the run's calibration). ``belief: true`` adds the
             filter's own view (its link rate, that link's probability, the probability of a
             change by the next decision: :data:`~commgym.agents.features.FILTER_CLOCK_FIELDS`),
-            what mpc plans on and its most probable link alone does not show. The clock reads
-            the whole observation; ``obs_fields`` masks what the policy reads.
+            what mpc plans on and its most probable link alone does not show;
+            ``timing_sigma`` sets the filter's reading width (mpc's ``timing_sigma``). The
+            clock reads the whole observation; ``obs_fields`` masks what the policy reads.
+        shield_regret_s: a model-based shield over the policy's choices (needs
+            ``link_clock: {reader: mpc}``): where the clock's filter prices the policy's
+            entry more than this many seconds of expected time to target above its own
+            best (:attr:`FilterClock.plan_times <commgym.agents.features.FilterClock>`:
+            mpc's plan, the chance that the link changes before the next decision
+            weighed in), the filter's best entry is played instead. Shielding after
+            Alshiekh et al., "Safe Reinforcement Learning via Shielding" (AAAI 2018), with
+            the fallback to a model's choice of Mao et al., "Towards Safe Online
+            Reinforcement Learning in Computer Systems" (NeurIPS workshop 2019): the
+            policy decides where the model sees little at stake, the model vetoes the
+            choices it prices as costly (on flaky-link's variant, a dense entry played
+            into a slow phase costs 12-29 s a decision). Acting only, never learning; the
+            overrides are counted in :attr:`shield_counts`. ``None``: no shield.
         **hyperparams: keyword arguments of the SB3 algorithm (``policy`` defaults to
             ``"MlpPolicy"``, ``device`` to ``"cpu"``); they override :attr:`defaults`.
 
@@ -243,6 +257,10 @@ class SB3Agent(Agent):
         if self.link_clock is not None:  # saved as resolved: the file reads probes as learned
             self._hyperparams["link_clock"] = dict(self.link_clock)
         self._clock_filter = _clock_filter(self.link_clock, env)
+        self.shield_regret_s = _check_shield(kwargs.pop("shield_regret_s", None), self.link_clock)
+        #: decisions the shield priced and the ones it replaced (this process's ``predict``
+        #: calls; an env actor's policy copy counts its own)
+        self.shield_counts = {"decisions": 0, "overrides": 0}
         self._gamma = float(kwargs.get("gamma", 0.99))
         self._norm: Any = None
         if vec_env is not None and not self.reads_probe:
@@ -375,7 +393,34 @@ class SB3Agent(Agent):
         else:
             action, state = self._explore(obs, state, episode_start)
         state = state if stack is None else (stack, state)
-        return self._to_multi(action), state if clocks is None else (clocks, state)
+        action = self._to_multi(action)
+        if self.shield_regret_s is not None and clocks is not None:
+            action = self._shielded(action, clocks)
+        return action, state if clocks is None else (clocks, state)
+
+    def _shielded(self, action: np.ndarray, clocks: list[Any]) -> np.ndarray:
+        """``action`` (``(3,)`` or ``(n, 3)``) with the shield's vetoes applied per row.
+
+        A row whose clock's filter has a plan (after its first reading of the link) and
+        prices the row's entry more than :attr:`shield_regret_s` above its best gets the
+        best entry instead.
+        """
+        assert self.shield_regret_s is not None
+        out = np.array(action, dtype=np.int64, copy=True)
+        rows = out.reshape(-1, out.shape[-1])
+        nvec = tuple(int(n) for n in self.menu.nvec)
+        for row, clock in zip(rows, clocks, strict=True):
+            times = getattr(clock, "plan_times", None)
+            if times is None:
+                continue
+            self.shield_counts["decisions"] += 1
+            best = int(np.argmin(times))
+            if times[int(np.ravel_multi_index(tuple(row), nvec))] - times[best] > (
+                self.shield_regret_s
+            ):
+                row[:] = np.unravel_index(best, nvec)
+                self.shield_counts["overrides"] += 1
+        return out
 
     def _clocked(
         self, clocks: list[Any] | None, obs: np.ndarray, episode_start: Any
@@ -831,6 +876,8 @@ class SB3Agent(Agent):
         agent._clock_filter = _clock_filter(
             agent.link_clock, env, meta.get("state", {}).get("clock_filter"), path
         )
+        agent.shield_regret_s = _check_shield(hp.get("shield_regret_s"), agent.link_clock)
+        agent.shield_counts = {"decisions": 0, "overrides": 0}
         agent._gamma = float(hp.get("gamma", 0.99))
         agent._norm = None
         saved_norm = meta.get("state", {}).get("normalization")
@@ -889,7 +936,7 @@ def _check_normalize(normalize: Any) -> dict[str, Any] | None:
 MAX_REGRET_WEIGHT = 100.0
 
 #: ``link_clock: {reader: mpc, ...}``'s keys, and the probe clock's.
-_FILTER_KEYS = {"reader", "calibration", "learn_decisions", "belief"}
+_FILTER_KEYS = {"reader", "calibration", "learn_decisions", "belief", "timing_sigma"}
 _PROBE_CLOCK_KEYS = {"change_decades", "levels"}
 
 
@@ -908,7 +955,8 @@ def _check_link_clock(link_clock: Any) -> dict[str, Any] | None:
         if link_clock["reader"] != "mpc" or not set(link_clock) <= _FILTER_KEYS:
             raise ValueError(
                 "link_clock with a reader is {reader: mpc, calibration: PATH, "
-                f"learn_decisions: N, belief: BOOL}} (mpc's timing filter), got {link_clock!r}"
+                "learn_decisions: N, belief: BOOL, timing_sigma: X} (mpc's timing filter), "
+                f"got {link_clock!r}"
             )
         belief = link_clock.get("belief", False)
         if not isinstance(belief, bool):
@@ -921,8 +969,14 @@ def _check_link_clock(link_clock: Any) -> dict[str, Any] | None:
             )
         n = check_int("link_clock.learn_decisions", link_clock.get("learn_decisions", 300), 0)
         out = {"reader": "mpc", "calibration": cal, "learn_decisions": n}
-        # saved only where set: policy files without it load unchanged
-        return {**out, "belief": True} if belief else out
+        # saved only where set: policy files without them load unchanged
+        if belief:
+            out["belief"] = True
+        if "timing_sigma" in link_clock:
+            out["timing_sigma"] = check_float(
+                "link_clock.timing_sigma", link_clock["timing_sigma"], 0.0, strict=True
+            )
+        return out
     if isinstance(link_clock, dict) and link_clock and set(link_clock) <= _PROBE_CLOCK_KEYS:
         from commgym.agents.features import LinkClock
 
@@ -964,14 +1018,18 @@ def _clock_filter(
     """
     if clock is None or clock.get("reader") != "mpc":
         return None
-    from commgym.agents.mpc import ModelPredictiveAgent
+    from commgym.agents.mpc import TIMING_SIGMA, ModelPredictiveAgent
 
+    filter_kwargs = {
+        "link_from": "timing",
+        "timing_sigma": clock.get("timing_sigma", TIMING_SIGMA),
+    }
     if state is not None:
         if env is None:  # predict-only (a replay in a user's job): the saved job's config
             from commgym.env import EnvConfig
 
             env = _ConfigEnv(EnvConfig(**state["config"]))
-        agent = ModelPredictiveAgent(env, calibration=clock["calibration"], link_from="timing")
+        agent = ModelPredictiveAgent(env, calibration=clock["calibration"], **filter_kwargs)
         agent.set_state(state["agent"])
         return agent
     if env is None:
@@ -987,7 +1045,7 @@ def _clock_filter(
     from commgym.env.sim import SimEnv
 
     sim = SimEnv(env.unwrapped.calibration, env.unwrapped.config)
-    agent = ModelPredictiveAgent(sim, calibration=clock["calibration"], link_from="timing")
+    agent = ModelPredictiveAgent(sim, calibration=clock["calibration"], **filter_kwargs)
     agent.learn(clock["learn_decisions"])
     return agent
 
@@ -1005,6 +1063,20 @@ def _check_clock_inputs(clock: dict[str, Any] | None, reads_probe: bool) -> None
             "link_clock reads the probe's bandwidth (log10_probe_gbps), which probe=False "
             "turns off: keep probe: true, use link_clock: {reader: mpc}, or drop link_clock"
         )
+
+
+def _check_shield(regret_s: Any, clock: dict[str, Any] | None) -> float | None:
+    """``shield_regret_s`` as seconds (``None``: no shield); it prices with mpc's clock."""
+    if regret_s is None:
+        return None
+    regret_s = check_float("shield_regret_s", regret_s, 0.0, note=" (seconds)")
+    if clock is None or clock.get("reader") != "mpc":
+        raise ValueError(
+            "shield_regret_s prices the policy's entries with the plan of mpc's link filter: "
+            "it needs link_clock: {reader: mpc} (the clock that steps the filter), got "
+            f"link_clock {clock!r}"
+        )
+    return regret_s
 
 
 def _check_probe(probe: Any) -> bool:

@@ -1,4 +1,4 @@
-"""The one integer check of every layer: ``check_int(name, value, low, high)``.
+"""The number checks of every layer: ``check_int(name, value, low, high)``, ``check_float``.
 
 Every constructor and config that takes a count (world size, episodes, seeds, periods,
 budgets) checks it here, so a bad one fails the same way everywhere: ``ValueError`` naming
@@ -9,10 +9,11 @@ experiments read it alike (dependencies point one way).
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
-__all__ = ["check_int"]
+__all__ = ["check_float", "check_int"]
 
 
 def check_int(name: str, value: Any, low: int, high: int | None = None, note: str = "") -> int:
@@ -35,3 +36,28 @@ def check_int(name: str, value: Any, low: int, high: int | None = None, note: st
         return int(value)
     bound = f">= {low}" if high is None else f"in {low}..{high}"
     raise ValueError(f"{name} must be an integer {bound}{note}, got {value!r}")
+
+
+def check_float(
+    name: str, value: Any, low: float, *, strict: bool = False, note: str = ""
+) -> float:
+    """``value`` as a ``float`` if it is a finite real number ``>= low``; else ``ValueError``.
+
+    Args:
+        name: the field, as the message names it.
+        value: what was given.
+        low: the bound.
+        strict: the bound itself is refused (``> low``).
+        note: words after the bound in the message (``" (seconds)"``).
+
+    Raises:
+        ValueError: ``"<name> must be a finite number > <low><note>, got <value!r>"``
+            (``>=`` unless ``strict``); booleans, strings, NaN and infinities count as not
+            numbers.
+    """
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if ok and math.isfinite(value) and (value > low if strict else value >= low):
+        return float(value)
+    raise ValueError(
+        f"{name} must be a finite number {'>' if strict else '>='} {low:g}{note}, got {value!r}"
+    )

@@ -284,6 +284,13 @@ def compare(
             adv(float(cfg.env_config.time_budget_s) - clock.done_s if by_time else 1.0)
             clock.done_s = 0.0
     oracles, reruns = plan.fold(played)
+    for name, agent in agents.items():
+        counts = getattr(agent, "shield_counts", None)  # a shielded policy's vetoes
+        if counts and counts["decisions"]:
+            console.print(
+                f"{name}: the shield (shield_regret_s {agent.shield_regret_s:g}) replaced "
+                f"{counts['overrides']} of the {counts['decisions']} decisions it priced"
+            )
     results = {
         name: oracles[name] if name in oracles else [played[(name, s)] for s in seeds]
         for name in agents

@@ -239,3 +239,81 @@ def test_a_clock_read_by_mpc_s_timing_filter_runs_without_the_probe(tmp_path, be
         make_agent("ppo", env, probe=False, link_clock={"reader": "probe"})
     with pytest.raises(ValueError, match="needs calibration"):
         make_agent("ppo", env, probe=False, link_clock={"reader": "mpc"})
+
+
+def _filter_env(tmp_path):
+    """A simulator with both links recorded (the timing filter tells them apart) and its file."""
+    from commgym.env.sim.wire import LinkFit
+
+    fixture = _calibration()
+    fixture.wire.links[10**10] = {k: LinkFit(3e-4, 1.0) for k in ("allreduce", "allgather")}
+    cal = tmp_path / "cal.json"
+    fixture.save(cal)
+    return SimEnv(fixture, _env_cfg(network=FLAKY, probe_bytes=65536)), str(cal)
+
+
+def _shielded_episode(env, agent, seed):
+    """One episode of ``agent``: per decision, the entry played and its clock's plan (s)."""
+    names = env.menu.entry_names()
+    nvec = tuple(int(n) for n in env.menu.nvec)
+    obs, _ = env.reset(seed=seed, options={"probe": False})
+    state, start, done, rows = None, np.array([True]), False, []
+    while not done:
+        action, state = agent.predict(obs, state, episode_start=start)
+        start = np.array([False])
+        times = state[0][0].plan_times  # the clocks ride first in the state
+        rows.append((int(np.ravel_multi_index(tuple(action), nvec)), times))
+        obs, _, term, trunc, _ = env.step(action)
+        done = term or trunc
+    return rows, names
+
+
+def test_a_shield_plays_the_filters_entry_where_it_prices_the_policys_far_worse(tmp_path):
+    """``shield_regret_s``: the entry the policy chose is replaced by the clock's filter's
+    best wherever the filter's plan prices it more than the threshold above that best; at
+    0 every decision with a plan plays an entry priced at the best, at a huge threshold
+    none is replaced. The threshold and the filter's ``timing_sigma`` are saved with the
+    policy."""
+    env, cal = _filter_env(tmp_path)
+    clock = {"reader": "mpc", "calibration": cal, "learn_decisions": 40, "timing_sigma": 0.25}
+    agent = make_agent(
+        "ppo", env, seed=0, probe=False, link_clock=clock, shield_regret_s=0.0, n_steps=16,
+        batch_size=16,
+    )  # fmt: skip
+    assert agent._clock_filter.timing_sigma == 0.25
+    assert agent.hyperparams["link_clock"] == clock
+    assert agent.hyperparams["shield_regret_s"] == 0.0
+    rows, _ = _shielded_episode(env, agent, 3)
+    planned = [(k, t) for k, t in rows if t is not None]
+    assert len(planned) >= len(rows) - 1  # only the opening decision is played without a plan
+    assert all(t[k] == t.min() for k, t in planned)
+    assert agent.shield_counts["decisions"] == len(planned)
+    assert 0 < agent.shield_counts["overrides"] <= len(planned)  # an untrained policy errs
+    # saved and loaded: the same threshold, the same filter, the same decisions
+    path = agent.save(tmp_path / "ppo")
+    loaded = load_agent(path, env=env)
+    assert loaded.shield_regret_s == 0.0 and loaded._clock_filter.timing_sigma == 0.25
+    again, _ = _shielded_episode(env, loaded, 3)
+    assert [k for k, _ in again] == [k for k, _ in rows]
+    # a threshold no plan reaches: the policy's own entries throughout
+    loaded.shield_regret_s = 1e9
+    loaded.shield_counts = {"decisions": 0, "overrides": 0}
+    _shielded_episode(env, loaded, 3)
+    assert loaded.shield_counts["overrides"] == 0 and loaded.shield_counts["decisions"] > 0
+
+
+def test_a_shield_without_mpc_s_filter_or_with_a_bad_threshold_is_refused(env, tmp_path):
+    with pytest.raises(ValueError, match=r"it needs link_clock: \{reader: mpc\}"):
+        make_agent("ppo", env, shield_regret_s=1.0)
+    with pytest.raises(ValueError, match=r"it needs link_clock: \{reader: mpc\}"):
+        make_agent("ppo", env, link_clock=True, shield_regret_s=1.0)
+    sim, cal = _filter_env(tmp_path)
+    clock = {"reader": "mpc", "calibration": cal, "learn_decisions": 0}
+    for bad in (-1.0, float("nan"), True, "1"):
+        with pytest.raises(ValueError, match="shield_regret_s must be a finite number >= 0"):
+            make_agent("ppo", sim, probe=False, link_clock=clock, shield_regret_s=bad)
+    for bad in (0, -0.1, float("inf"), False):
+        with pytest.raises(
+            ValueError, match=r"link_clock\.timing_sigma must be a finite number > 0"
+        ):
+            make_agent("ppo", sim, probe=False, link_clock={**clock, "timing_sigma": bad})

@@ -145,6 +145,30 @@ def test_a_reading_weighs_the_links_by_how_well_they_explain_it(setup):
     assert agent.link_posterior(k, slower, scale=1.3)[fast] > 0.99
 
 
+def test_timing_sigma_sets_how_far_one_reading_moves_the_belief(setup):
+    """The reading's likelihood is normal in log step time with ``timing_sigma``: the
+    posterior odds of the two links are ``exp((d_slow^2 - d_fast^2) / (2 sigma^2))`` from a
+    uniform prior, so a wider sigma leaves a reading between the links' modelled times
+    less sure (a PowerSGD decision on the slow link read as fast, docs/simulator.md)."""
+    env, path = setup
+    narrow = make_agent("mpc", env, calibration=str(path))
+    wide = make_agent("mpc", env, calibration=str(path), timing_sigma=0.25)
+    assert narrow.timing_sigma == 0.12 and wide.hyperparams["timing_sigma"] == 0.25
+    fast, slow = (narrow._timing_links.index(r) for r in (1e10, 1e7))
+    k = narrow._safe
+    lf, ls = (np.log(narrow._timing_step[i][k]) for i in (fast, slow))
+    reading = float(np.exp(lf + 0.25 * (ls - lf)))  # a quarter of the way to the slow link
+    for agent, sigma in ((narrow, 0.12), (wide, 0.25)):
+        d_f, d_s = 0.25 * (ls - lf), 0.75 * (ls - lf)
+        odds = np.exp((d_s**2 - d_f**2) / (2 * sigma**2))
+        post = agent.link_posterior(k, reading)
+        assert post[fast] == pytest.approx(odds / (1 + odds), rel=1e-9)
+    assert wide.link_posterior(k, reading)[fast] < narrow.link_posterior(k, reading)[fast]
+    for bad in (0, -0.1, float("nan"), True):
+        with pytest.raises(ValueError, match="timing_sigma must be a finite number > 0"):
+            make_agent("mpc", env, calibration=str(path), timing_sigma=bad)
+
+
 def test_dwells_set_when_a_link_is_likely_over():
     dwells = [4.0, 4.2, 4.4]
     p = [_ended_probability(dwells, t) for t in (0.5, 3.4, 3.8, 4.2, 4.6, 6.0)]
