@@ -407,18 +407,14 @@ class SB3Agent(Agent):
         """
         assert self.shield_regret_s is not None
         out = np.array(action, dtype=np.int64, copy=True)
-        rows = out.reshape(-1, out.shape[-1])
-        nvec = tuple(int(n) for n in self.menu.nvec)
-        for row, clock in zip(rows, clocks, strict=True):
-            times = getattr(clock, "plan_times", None)
+        for row, clock in zip(out.reshape(-1, out.shape[-1]), clocks, strict=True):
+            times = clock.plan_times  # a FilterClock's (the shield needs the mpc clock)
             if times is None:
                 continue
             self.shield_counts["decisions"] += 1
             best = int(np.argmin(times))
-            if times[int(np.ravel_multi_index(tuple(row), nvec))] - times[best] > (
-                self.shield_regret_s
-            ):
-                row[:] = np.unravel_index(best, nvec)
+            if times[self._flat(row)] - times[best] > self.shield_regret_s:
+                row[:] = self._unflat(best)
                 self.shield_counts["overrides"] += 1
         return out
 
