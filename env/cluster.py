@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from commgym.collectives.checks import check_int
 from commgym.collectives.errors import CollectiveTimeout, CommgymError, WorkerFailed
+from commgym.env.launcher import ForkedAgent, start_agent
 
 if TYPE_CHECKING:  # pragma: no cover
     from commgym.env.net import EmulatedNetwork
@@ -231,7 +232,7 @@ class Cluster:
             self.control_host = network.bridge_address
         self._authkey = secrets.token_bytes(32)
         self._listener: Listener | None = None
-        self._procs: list[subprocess.Popen[bytes]] = []
+        self._procs: list[subprocess.Popen[bytes] | ForkedAgent] = []
         self._conns: list[Connection] = []
         self.hello: list[dict[str, Any]] = []
         self._log_path: Path | None = None
@@ -241,6 +242,10 @@ class Cluster:
         #: argv of the (first) torchrun launcher started here; empty before :meth:`start`
         #: or when the user starts the ranks
         self.launch_command: list[str] = []
+        #: how the (last) agent started: ``"forked"`` from commgym's launcher process or
+        #: ``"popen"`` (the fallback where the launcher cannot start); see
+        #: :mod:`commgym.env.launcher`
+        self.launched_by = ""
 
     # -- lifecycle ------------------------------------------------------------------
     @property
@@ -320,17 +325,12 @@ class Cluster:
             else:
                 launches = self.network.torchrun_commands(worker, env, rdzv_port=_RDZV_PORT)
             self.launch_command = list(launches[0][0])
-            with open(log, "wb") as out:
-                for cmd, env_k in launches:
-                    self._procs.append(
-                        subprocess.Popen(
-                            cmd,
-                            env=env_k,
-                            stdout=out,
-                            stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                        )
-                    )
+            log.touch()
+            for cmd, env_k in launches:
+                # each agent (local or in a namespace) is forked from a process that imported
+                # torchrun once (commgym.env.launcher: one torch import less per agent)
+                proc, self.launched_by = start_agent(cmd, env_k, str(log))
+                self._procs.append(proc)
         conns: list[Connection] = []
         err: list[BaseException] = []
 

@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray", reason="needs the commgym[ray] extra")
 from commgym.agents.ray_env import TAG_VARIABLE, EnvActors, RayVecEnv  # noqa: E402
 from commgym.env import EnvConfig  # noqa: E402
 from commgym.env.net import netem_available  # noqa: E402
+from tests.experiments.cli_helpers import networks_of, rank_variables, ranks_among  # noqa: E402
 
 #: Deterministic compressors only: the same seed and actions give the same bytes and losses.
 MENU = {
@@ -85,11 +86,11 @@ def test_a_killed_actor_is_that_episodes_failure_and_leaves_nothing(local_ray, t
 
         def kill_when_ranks_run() -> None:
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and len(_tagged([tag])) < 3:
+            while time.monotonic() < deadline and len(ranks_among(_tagged([tag]))) < 2:
                 time.sleep(0.2)
             time.sleep(1.0)  # inside the episode
             killed.extend(_tagged([tag]))
-            networks.update(_network_names(killed))
+            networks.update(networks_of(killed))
             os.kill(pid, signal.SIGKILL)
 
         t = threading.Thread(target=kill_when_ranks_run, daemon=True)
@@ -110,20 +111,6 @@ def test_a_killed_actor_is_that_episodes_failure_and_leaves_nothing(local_ray, t
         assert networks, "the killed actor's ranks ran in no emulated network"
         left = {ns for ns in _netns() if ns.split("-")[0] in networks}
         assert not left, f"namespaces left behind: {left}"
-
-
-def _network_names(pids) -> set[str]:
-    """Emulated networks the given torchrun agents ran in (their ``--rdzv-id``)."""
-    names = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if "--rdzv-id" in argv:
-            names.add(argv[argv.index("--rdzv-id") + 1])
-    return names
 
 
 def _layout(cfg):
@@ -220,8 +207,9 @@ def test_two_env_actors_on_one_node_get_their_own_networks(two_actors):
     assert len({n["subnet"] for n in nets}) == 2
     spaces = [set(n["namespaces"]) for n in nets]
     assert not spaces[0] & spaces[1]
-    # each actor's ranks rendezvous inside its own network
-    endpoints = [_rdzv_endpoints(_tagged([d["tag"]])) for d in where]
+    # each actor's ranks rendezvous inside its own network (torchrun's MASTER_ADDR: rank 0's
+    # namespace address)
+    endpoints = [rank_variables(_tagged([d["tag"]]), "MASTER_ADDR") for d in where]
     assert all(len(e) == 1 for e in endpoints) and endpoints[0] != endpoints[1]
     assert all(i["measured"]["bytes_per_step"] > 0 for i in infos)
     # the namespaces go with the actors: checked when the fixture closes them
@@ -246,17 +234,3 @@ def test_ppo_learns_through_ray_vec_env(two_actors):
     assert sum(s["truncated"] for s in steps) >= 2 * (128 // 2 // decisions) - 2  # whole episodes
     assert all("measured" in s["info"] for s in steps)
     assert any(not bool((b == a).all()) for b, a in zip(before, after, strict=True))
-
-
-def _rdzv_endpoints(pids) -> set[str]:
-    """The ``--rdzv-endpoint`` of the given torchrun agents."""
-    found = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if "--rdzv-endpoint" in argv:
-            found.add(argv[argv.index("--rdzv-endpoint") + 1])
-    return found

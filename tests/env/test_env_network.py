@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import numpy as np
@@ -116,6 +117,12 @@ def test_two_rank_allreduce_matches_ring_model():
     cluster = Cluster(2, LaunchConfig(timeout_s=120), network=net)
     try:
         cluster.start()
+        # each namespace's agent was forked by commgym's launcher and joined its namespace
+        # (setns, as `ip netns exec` does): every rank runs inside its own
+        assert cluster.launched_by == "forked"
+        for rank, pid in enumerate(cluster.pids):
+            ns = os.stat(f"/var/run/netns/{net.namespaces[rank]}").st_ino
+            assert os.stat(f"/proc/{pid}/ns/net").st_ino == ns
         size = 2 * 1024 * 1024
         secs = cluster.command({"cmd": "allreduce_bench", "sizes_bytes": [size], "repeats": 3})[0][
             "seconds"

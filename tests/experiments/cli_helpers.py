@@ -53,6 +53,45 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def rank_variables(pids, name: str) -> set[str]:
+    """The values of the environment variable ``name`` that the processes ``pids`` started with.
+
+    Ranks are started by torchrun's agent with their whole environment, so their
+    ``/proc/PID/environ`` holds it (an agent forked by commgym's launcher shows the launcher's).
+    """
+    found = set()
+    prefix = f"{name}=".encode()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                entries = f.read().split(b"\0")
+        except OSError:
+            continue
+        found |= {e[len(prefix) :].decode() for e in entries if e.startswith(prefix)}
+    return found
+
+
+def ranks_among(pids) -> set[int]:
+    """Those of ``pids`` that are environment ranks (``python -u -m commgym.env.worker``)."""
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"commgym.env.worker" in f.read():
+                    found.add(pid)
+        except OSError:
+            pass
+    return found
+
+
+def networks_of(pids) -> set[str]:
+    """The emulated networks the ranks among ``pids`` ran in.
+
+    Each rank in an emulated network has ``GLOO_SOCKET_IFNAME=<network>-p<rank>``.
+    """
+    return {v.split("-")[0] for v in rank_variables(pids, "GLOO_SOCKET_IFNAME")}
+
+
 def alive(pids: set[int]) -> set[int]:
     """Those of ``pids`` that still run (zombies count as gone)."""
     running = set()

@@ -22,7 +22,7 @@ import yaml
 
 from commgym.experiments.config import load_run_config
 from commgym.experiments.leaderboard import read_leaderboard_csv
-from tests.experiments.cli_helpers import cli, cli_ok
+from tests.experiments.cli_helpers import cli, cli_ok, networks_of, ranks_among
 
 #: 2 ranks on loopback, 2 menu entries, a target every entry reaches in its first decisions
 #: (so no column but the times depends on the machine's speed).
@@ -162,7 +162,7 @@ def test_sigterm_or_ctrl_c_of_the_driver_leaves_no_actor_rank_or_network(tmp_pat
             time.sleep(0.5)
         assert len(ranks) >= 2, reader.text[-3000:]
         everything = _children(proc.pid)
-        networks = {_rdzv_id(p) for p in everything} - {None}
+        networks = networks_of(everything)
         time.sleep(1.0)
         proc.send_signal(sig)
         try:
@@ -300,7 +300,7 @@ def test_sigterm_of_a_driver_on_two_nodes_leaves_nothing_on_either(tmp_path, two
     the driver's children: the nodes' cleanup tasks remove them)."""
     from commgym.agents.ray_env import TAG_VARIABLE
     from commgym.env.net import netem_available
-    from tests.agents.test_ray_env import _netns, _network_names
+    from tests.agents.test_ray_env import _netns
     from tests.experiments.cli_helpers import OutputReader as _Reader
     from tests.experiments.cli_helpers import alive as _alive
 
@@ -324,14 +324,14 @@ def test_sigterm_of_a_driver_on_two_nodes_leaves_nothing_on_either(tmp_path, two
         tagged: dict[str, set[int]] = {}
         while time.monotonic() < deadline and proc.poll() is None:
             tagged = _by_tag(TAG_VARIABLE)
-            if len([t for t, pids in tagged.items() if len(pids) >= 3]) >= 2:
+            if len([t for t, pids in tagged.items() if len(ranks_among(pids)) >= 2]) >= 2:
                 break
             time.sleep(0.5)
         assert len(tagged) >= 2, reader.text[-3000:]
         actors = {p for p in _pids() if _cmdline(p).startswith("ray::EnvRunner")}
         raylets = {_ppid(p) for p in actors}
         everything = set().union(*tagged.values()) | actors
-        networks = _network_names(everything)
+        networks = networks_of(everything)
         time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
@@ -378,11 +378,6 @@ def _by_tag(variable: str) -> dict[str, set[int]]:
     return found
 
 
-def _rdzv_id(pid: int) -> str | None:
-    argv = _cmdline(pid).split()
-    return argv[argv.index("--rdzv-id") + 1] if "--rdzv-id" in argv else None
-
-
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -427,7 +422,7 @@ def test_a_node_lost_mid_episode_is_that_episodes_failure_and_the_sweep_goes_on(
     from commgym.env import EnvConfig
     from commgym.env.net import netem_available
     from commgym.experiments.executors import RayExecutor, policy_bytes
-    from tests.agents.test_ray_env import _netns, _network_names, _tagged
+    from tests.agents.test_ray_env import _netns, _tagged
 
     ok, _ = netem_available()
     # on an emulated network when the host allows: the lost actor's namespaces must go too
@@ -446,10 +441,10 @@ def test_a_node_lost_mid_episode_is_that_episodes_failure_and_the_sweep_goes_on(
 
             def lose_the_node() -> None:
                 deadline = time.monotonic() + 180
-                while time.monotonic() < deadline and len(_tagged([doomed])) < 3:
+                while time.monotonic() < deadline and len(ranks_among(_tagged([doomed]))) < 2:
                     time.sleep(0.2)  # the ranks start at the episode's first reset
                 time.sleep(3.0)  # inside the episode
-                networks.update(_network_names(_tagged([doomed])))
+                networks.update(networks_of(_tagged([doomed])))
                 cluster.remove_node(worker)
 
             lose = threading.Thread(target=lose_the_node, daemon=True)
