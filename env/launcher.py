@@ -15,9 +15,10 @@ namespace as ``ip netns exec`` would put it. Only the import is shared (the patt
 :mod:`multiprocessing`'s forkserver, which cannot be used here as is: it would re-import the
 driver's ``__main__`` in every child, a Ray worker's among them).
 
-What can fail stays visible: a launcher that died is replaced at the next launch, one that
-cannot start leaves launches to a plain ``subprocess.Popen`` of the same command
-(:func:`start_agent` says which ran), and a forked agent's exit status comes back as a
+What can fail stays visible: a launcher that died is replaced at the next launch; one that
+cannot start, or does not answer a launch within :data:`ANSWER_TIMEOUT_S` (it is then killed
+and replaced next time), leaves that launch to a plain ``subprocess.Popen`` of the same
+command (:func:`start_agent` says which ran); a forked agent's exit status comes back as a
 child's would (``returncode``, negative for a signal).
 
 The driver ends its launcher at exit; a driver killed outright closes the launcher's socket,
@@ -45,6 +46,8 @@ __all__ = ["ForkedAgent", "launcher_pid", "start_agent"]
 
 #: how often the launcher reaps exited agents when no request arrives, seconds
 _REAP_EVERY_S = 0.05
+#: how long a launch waits for the launcher's answer (its first includes its torch import)
+ANSWER_TIMEOUT_S = 120.0
 #: where ``ip netns`` keeps its named network namespaces
 _NETNS_DIR = Path("/var/run/netns")
 #: ``CLONE_NEWNET`` from ``<sched.h>``: ``setns(2)``'s namespace type
@@ -56,7 +59,8 @@ class ForkedAgent:
 
     Attributes:
         pid: the agent's process id; it leads its own session (``pid`` is its process
-            group), so ``os.killpg(pid, sig)`` reaches its ranks too.
+            group), as an agent under ``Popen(start_new_session=True)`` does (torchrun starts
+            each rank in a session of its own either way).
         returncode: ``None`` while it runs; its exit status after (``-N`` for signal ``N``;
             ``-1`` where the launcher died before reporting it).
     """
@@ -160,8 +164,13 @@ class _Launcher:
                 return None
             with self._cond:
                 # the launcher imports torchrun before it answers the first request
-                self._cond.wait_for(lambda: self._started or self.dead, timeout=120)
+                self._cond.wait_for(lambda: self._started or self.dead, ANSWER_TIMEOUT_S)
                 if not self._started:
+                    # no answer: a late one would be taken for the next request's, so this
+                    # launcher is done (the next launch starts another)
+                    self.dead = True
+                    with contextlib.suppress(OSError):
+                        self._proc.kill()
                     return None
                 answer = self._started.pop(0)
         if isinstance(answer, str):

@@ -7,6 +7,7 @@ launch costs a fraction of a second), and one test starts real gloo ranks throug
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -163,3 +164,29 @@ def test_a_cluster_launch_is_forked_and_commands_reach_its_ranks():
     finally:
         c.close()
     assert not c.alive
+
+
+def test_a_launcher_that_does_not_answer_is_dropped_and_the_launch_runs_under_popen(
+    tmp_path, monkeypatch
+):
+    fast = tmp_path / "ok.py"
+    fast.write_text("pass\n")
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", "1", str(fast)]
+    first, how = launcher.start_agent(cmd, dict(os.environ), str(tmp_path / "log1.txt"))
+    assert how == "forked" and first.wait(timeout=60) == 0
+    stuck = launcher.launcher_pid()
+    os.kill(stuck, signal.SIGSTOP)  # alive, but answers nothing
+    try:
+        monkeypatch.setattr(launcher, "ANSWER_TIMEOUT_S", 1.0)
+        proc, how = launcher.start_agent(cmd, dict(os.environ), str(tmp_path / "log2.txt"))
+        # the same command under Popen instead, and the silent launcher is not used again
+        # (a late answer would have been taken for the next launch's)
+        assert how == "popen" and proc.wait(timeout=60) == 0
+        assert launcher.launcher_pid() is None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stuck, signal.SIGCONT)
+    monkeypatch.setattr(launcher, "ANSWER_TIMEOUT_S", 120.0)
+    again, how = launcher.start_agent(cmd, dict(os.environ), str(tmp_path / "log3.txt"))
+    assert how == "forked" and launcher.launcher_pid() not in (None, stuck)
+    assert again.wait(timeout=60) == 0
