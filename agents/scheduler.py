@@ -66,6 +66,7 @@ import os
 import statistics
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -495,8 +496,20 @@ class CommScheduler:
         self._pending_s = 0.0  # reconfigure time counted in the next window (env's rule)
         self._recorder = DecisionRecorder()
         self._t_mark: float | None = None
-        self._hook = model.register_forward_pre_hook(self._on_forward)
+        # weakly: the finaliser below holds the synchronizer, which holds the model; a
+        # strong hook would keep the scheduler alive until exit
+        on_forward = weakref.WeakMethod(self._on_forward)
+
+        def forward_pre_hook(module: torch.nn.Module, args: Any) -> None:
+            method = on_forward()
+            if method is not None:
+                method(module, args)
+
+        self._hook = model.register_forward_pre_hook(forward_pre_hook)
         self._closed = False
+        # forgetting close() under local SGD leaves every rank's model apart with nothing
+        # said; a collective at exit could hang, so the end of an unclosed scheduler warns
+        self._unclosed = weakref.finalize(self, _warn_unclosed, self.sync, self.rank)
 
         eval_loss = math.nan
         if eval_fn is not None:
@@ -744,7 +757,13 @@ class CommScheduler:
             )
 
     def summary(self) -> dict[str, Any]:
-        """Decisions, configuration changes and decision timings (plain values)."""
+        """Decisions, configuration changes and decision timings (plain values).
+
+        ``changes`` counts the decisions that reconfigured the job, the first one's switch
+        away from the starting configuration (DDP's default, in force until the first
+        decision) included; ``commgym replay`` counts changes between an episode's decisions
+        (its first decision sets the configuration, nothing trained before it).
+        """
         pol = [r.policy_s for r in self.records]
         dec = [r.decision_s for r in self.records]
         return {
@@ -767,6 +786,7 @@ class CommScheduler:
         if self._closed:
             return
         self.sync.consensus()
+        self._unclosed.detach()
         self._hook.remove()
         self.sync.remove_hooks()
         self._closed = True
@@ -949,4 +969,17 @@ class CommScheduler:
         self.run.log_metrics(
             {k: v for k, v in values.items() if math.isfinite(float(v)) or rec.diverged},
             step=rec.decision,
+        )
+
+
+def _warn_unclosed(sync: GradientSynchronizer | DDPHookSynchronizer, rank: int) -> None:
+    """Say so where a scheduler ends unclosed with the replicas apart (see ``close``)."""
+    if sync.replicas_apart:
+        warnings.warn(
+            f"CommScheduler on rank {rank} ended without close() while local-SGD steps since "
+            "the last average left the replicas apart (each rank's model differs): call "
+            "sched.close() on every rank at the end of training (a collective that averages "
+            "them) before saving or evaluating the model",
+            RuntimeWarning,
+            stacklevel=1,
         )

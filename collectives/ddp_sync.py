@@ -231,6 +231,16 @@ class DDPHookSynchronizer:
         averaged, nbytes, secs = self._averager.optimizer_step()
         return AveragingStats(averaged, nbytes, secs, self._averager.optimizer_steps)
 
+    @property
+    def replicas_apart(self) -> bool:
+        """Whether local-SGD steps since the last average left the replicas apart.
+
+        As :attr:`GradientSynchronizer.replicas_apart`: parameters (``sync_period > 1``
+        with steps since the average) or the optimizer's state (any local step).
+        """
+        params = self._config.sync_period > 1 and self._averager.steps_since_average > 0
+        return params or (self.optimizer is not None and self._averager.local_steps > 0)
+
     @torch.no_grad()
     def consensus(self) -> AveragingStats:
         """Average parameters (and optimizer state) if local-SGD steps left them apart."""

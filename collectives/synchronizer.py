@@ -1152,6 +1152,17 @@ class GradientSynchronizer:
         averaged, nbytes, secs = self._averager.optimizer_step()
         return AveragingStats(averaged, nbytes, secs, self._averager.optimizer_steps)
 
+    @property
+    def replicas_apart(self) -> bool:
+        """Whether local-SGD steps since the last average left the replicas apart.
+
+        True when un-averaged local steps left the parameters apart (``sync_period > 1``)
+        or any local step left the optimizer's per-parameter state apart; :meth:`consensus`
+        makes them identical again.
+        """
+        params = self.config.sync_period > 1 and self._averager.steps_since_average > 0
+        return params or (self.optimizer is not None and self._averager.local_steps > 0)
+
     @torch.no_grad()
     def consensus(self, optimizer_state: bool = True) -> AveragingStats:
         """Make the replicas identical now if local-SGD steps left them apart.

@@ -160,7 +160,7 @@ def replay(policy: str | Path, config: RunConfig | None = None) -> dict[str, Epi
         changes = sum(a != b for a, b in itertools.pairwise(configs))
         console.print(
             f"{label}: {res.decisions} decisions, {res.train_time_s:.2f} s training, "
-            f"end: {res.reason}, {changes} configuration changes, "
+            f"end: {res.reason}, {changes} configuration changes between its decisions, "
             f"final config {configs[-1] if configs else '-'}"
         )
     if timed.seconds:

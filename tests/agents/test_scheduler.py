@@ -262,6 +262,51 @@ def test_synchronize_twice_names_no_sync(dist2, period):
         assert "called twice" in msg and "sched.no_sync()" in msg, msg
 
 
+def rank_unclosed(rank, world, period, close, wrap_ddp=False):
+    import gc
+
+    model = _model()
+    if wrap_ddp:  # the DDP comm-hook path (DDPHookSynchronizer)
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = CommScheduler(
+        model, opt, f"static:none/25MB/H{period}", decision_every=5, time_budget_s=1.0
+    )
+    torch.manual_seed(rank)  # each rank its own data: local steps move the replicas apart
+    for _ in range(3):  # not a multiple of the period: the last steps are un-averaged
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        sched.step()
+    if close:
+        sched.close()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(world)]
+    torch.distributed.all_gather(gathered, flat)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del sched, model, opt  # the model's hooks hold the scheduler
+        gc.collect()
+    same = all(torch.equal(g, gathered[0]) for g in gathered)
+    return {"same": same, "warnings": [str(w.message) for w in caught]}
+
+
+@pytest.mark.parametrize(
+    ("period", "close", "wrap_ddp"),
+    [(4, False, False), (4, True, False), (1, False, False), (4, False, True)],
+)
+def test_a_scheduler_dropped_unclosed_with_replicas_apart_warns_on_every_rank(
+    dist2, period, close, wrap_ddp
+):
+    for res in dist2.run(rank_unclosed, period, close, wrap_ddp):
+        msgs = res["warnings"]
+        if period > 1 and not close:
+            # local SGD: replicas apart, and every rank says so and what to do
+            assert not res["same"]
+            assert any("without close()" in m and "sched.close() on every rank" in m for m in msgs)
+        else:
+            assert res["same"] and not any("without close()" in m for m in msgs), msgs
+
+
 # -- the training-time budget the policy was trained with ---------------------------------
 def _policy_trained_with_budget(path: Path, budget_s: float) -> Path:
     """A policy saved from a real env of budget ``budget_s`` (no rank is started)."""
