@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from commgym.collectives.checks import check_int
 from commgym.collectives.errors import CollectiveTimeout, CommgymError, WorkerFailed
-from commgym.env.launcher import ForkedAgent, start_agent
+from commgym.env.launcher import ForkedAgent, pid_runs, start_agent
 
 if TYPE_CHECKING:  # pragma: no cover
     from commgym.env.net import EmulatedNetwork
@@ -52,16 +52,6 @@ __all__ = ["Cluster", "LaunchConfig", "scratch_dir"]
 _RDZV_PORT = 29400
 
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
-
-
-def _pid_runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it runs
-        return True
-    return True
 
 
 def scratch_dir(kind: str) -> Path:
@@ -84,7 +74,7 @@ def scratch_dir(kind: str) -> Path:
     prefix = f"commgym-{kind}-"
     for old in root.glob(f"{prefix}*-*"):
         pid = old.name[len(prefix) :].split("-", 1)[0]
-        if pid.isdigit() and not _pid_runs(int(pid)):
+        if pid.isdigit() and not pid_runs(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root))
 

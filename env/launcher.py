@@ -42,7 +42,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ForkedAgent", "launcher_pid", "start_agent"]
+__all__ = ["ForkedAgent", "launcher_pid", "pid_runs", "start_agent"]
 
 #: how often the launcher reaps exited agents when no request arrives, seconds
 _REAP_EVERY_S = 0.05
@@ -181,7 +181,7 @@ class _Launcher:
         with self._cond:
             if pid in self._exits:
                 return self._exits.pop(pid)
-            if self.dead and not _pid_exists(pid):
+            if self.dead and not pid_runs(pid):
                 return -1  # the launcher died before it could report this agent's status
             return None
 
@@ -193,8 +193,8 @@ class _Launcher:
         return not self.dead and self._pid == os.getpid()
 
 
-def _pid_exists(pid: int) -> bool:
-    """Whether ``pid`` runs; an exited process not yet reaped (a zombie) does not."""
+def pid_runs(pid: int) -> bool:
+    """Whether process ``pid`` runs (any user's); an exited one not yet reaped does not."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"

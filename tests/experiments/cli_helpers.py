@@ -71,17 +71,18 @@ def rank_variables(pids, name: str) -> set[str]:
     return found
 
 
+def cmdline(pid: int) -> str:
+    """The command line of ``pid``, words joined by spaces ('' once it has gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def ranks_among(pids) -> set[int]:
     """Those of ``pids`` that are environment ranks (``python -u -m commgym.env.worker``)."""
-    found = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"commgym.env.worker" in f.read():
-                    found.add(pid)
-        except OSError:
-            pass
-    return found
+    return {pid for pid in pids if "commgym.env.worker" in cmdline(pid)}
 
 
 def networks_of(pids) -> set[str]:

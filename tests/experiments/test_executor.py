@@ -23,6 +23,7 @@ import yaml
 from commgym.experiments.config import load_run_config
 from commgym.experiments.leaderboard import read_leaderboard_csv
 from tests.experiments.cli_helpers import cli, cli_ok, networks_of, ranks_among
+from tests.experiments.cli_helpers import cmdline as _cmdline
 
 #: 2 ranks on loopback, 2 menu entries, a target every entry reaches in its first decisions
 #: (so no column but the times depends on the machine's speed).
@@ -376,14 +377,6 @@ def _by_tag(variable: str) -> dict[str, set[int]]:
             if e.startswith(prefix):
                 found.setdefault(e[len(prefix) :].decode(), set()).add(pid)
     return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def test_a_local_instance_is_its_own_while_a_cluster_runs(two_nodes):
