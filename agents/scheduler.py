@@ -435,7 +435,8 @@ class CommScheduler:
             try:
                 self.policy = resolve_policy(policy, self.menu, seed=seed)
             except (ValueError, TypeError, FileNotFoundError) as exc:
-                err = f"{type(exc).__name__}: {exc}"
+                # every rank raises ValueError; the original's name only where it says more
+                err = str(exc) if type(exc) is ValueError else f"{type(exc).__name__}: {exc}"
             if isinstance(self.policy, StaticAgent) and initial_config is None:
                 start = [int(a) for a in self.policy.menu.encode(self.policy.config)]
             if self.policy is not None:

@@ -399,6 +399,41 @@ def test_a_policy_that_raises_stops_every_rank_at_the_same_decision(dist2):
     assert rank1.startswith("RuntimeError") and "raised in predict on rank 0" in rank1, rank1
 
 
+def rank_bad_policy(rank, world, policy):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        CommScheduler(model, opt, policy, time_budget_s=1.0)
+    except ValueError as err:
+        ok = _group_usable_after()
+        return f"{type(err).__name__}: {err}", ok
+    return "did not raise", None
+
+
+def _group_usable_after():
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item() == dist.get_world_size()
+
+
+@pytest.mark.parametrize(
+    "policy, says",
+    [
+        ("static:int9/4MB/H1", "unknown static preset 'int9/4MB/H1': use one of"),
+        ("no-such-policy.zip", "FileNotFoundError: policy file no-such-policy.zip does not exist"),
+    ],
+)
+def test_a_bad_policy_raises_on_every_rank_naming_it_once(dist2, policy, says):
+    # rank 0 alone reads the policy; every rank must refuse it (none may go on to train)
+    for msg, usable in dist2.run(rank_bad_policy, policy):
+        assert msg.startswith(f"ValueError: CommScheduler cannot use policy {policy!r}: "), msg
+        assert says in msg, msg
+        assert msg.count("ValueError") == 1, msg  # the type is not repeated inside
+        assert usable, "the group is not usable after the refusal"
+
+
 def rank_probe(rank, world, trained_on, probe_bytes):
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
