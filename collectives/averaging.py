@@ -122,6 +122,11 @@ class PeriodicAverager:
     def period(self, value: int) -> None:
         self._period = check_int("period", value, 1, note=" (optimizer steps)")
 
+    @property
+    def params_apart(self) -> bool:
+        """Whether local steps since the last average left the parameters apart (``period > 1``)."""
+        return self._period > 1 and self.steps_since_average > 0
+
     def optimizer_step(self) -> tuple[bool, int, float]:
         """Count one optimizer step of a synchronizer's job: local SGD's one counting.
 

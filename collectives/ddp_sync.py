@@ -238,14 +238,14 @@ class DDPHookSynchronizer:
         As :attr:`GradientSynchronizer.replicas_apart`: parameters (``sync_period > 1``
         with steps since the average) or the optimizer's state (any local step).
         """
-        params = self._config.sync_period > 1 and self._averager.steps_since_average > 0
-        return params or (self.optimizer is not None and self._averager.local_steps > 0)
+        state = self.optimizer is not None and self._averager.local_steps > 0
+        return self._averager.params_apart or state
 
     @torch.no_grad()
     def consensus(self) -> AveragingStats:
         """Average parameters (and optimizer state) if local-SGD steps left them apart."""
         nbytes, secs, averaged = 0, 0.0, False
-        if self._config.sync_period > 1 and self._averager.steps_since_average > 0:
+        if self._averager.params_apart:
             nbytes, secs = self._averager.average()
             averaged = True
         if self.optimizer is not None and self._averager.local_steps > 0:

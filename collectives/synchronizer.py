@@ -1160,8 +1160,8 @@ class GradientSynchronizer:
         or any local step left the optimizer's per-parameter state apart; :meth:`consensus`
         makes them identical again.
         """
-        params = self.config.sync_period > 1 and self._averager.steps_since_average > 0
-        return params or (self.optimizer is not None and self._averager.local_steps > 0)
+        state = self.optimizer is not None and self._averager.local_steps > 0
+        return self._averager.params_apart or state
 
     @torch.no_grad()
     def consensus(self, optimizer_state: bool = True) -> AveragingStats:
@@ -1185,7 +1185,7 @@ class GradientSynchronizer:
             bytes and seconds include the optimizer state).
         """
         nbytes, secs, averaged = 0, 0.0, False
-        if self.config.sync_period > 1 and self._averager.steps_since_average > 0:
+        if self._averager.params_apart:
             nbytes, secs = self._averager.average()
             averaged = True
         if optimizer_state and self.optimizer is not None and self._averager.local_steps > 0:
