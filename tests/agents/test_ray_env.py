@@ -36,9 +36,13 @@ ACTIONS = [(0, 1, 0), (1, 0, 0), (2, 1, 1), (1, 1, 1), (0, 0, 0), (2, 0, 0)]
 @pytest.fixture(scope="module")
 def local_ray():
     """A local Ray instance of 2 logical CPUs bound to 127.0.0.1 (started here, shut down)."""
+    # "local": a new instance even while another Ray cluster runs on this host. Without it
+    # ray.init joins whatever $RAY_ADDRESS or Ray's current-cluster file names (another
+    # job's `ray start --head`, a concurrent test run's cluster) and refuses num_cpus: the
+    # CI run of cb67bda failed all five tests here that way
     ray.init(
-        num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False,
-        logging_level="WARNING",
+        address="local", num_cpus=2, _node_ip_address="127.0.0.1",
+        include_dashboard=False, logging_level="WARNING",
     )  # fmt: skip
     yield ray
     ray.shutdown()
