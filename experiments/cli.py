@@ -505,12 +505,15 @@ LEADERBOARD_OWN_OPTIONS = {
     "scenarios": CliField("Comma-separated scenario files or shipped names: {configs}."),
     "agents": CliField(
         "Comma-separated agents: {agents}; SB3 agents (ppo, recurrent-ppo, a2c, dqn) are "
-        "trained first by each scenario's recipe unless --policy-dir holds their policy."
+        "trained first by each scenario's recipe unless --policy-dir holds their policy. "
+        "NAME@RECIPE trains learned agent NAME by another run config on the same environment "
+        "(a shipped name or YAML file, e.g. ppo@flaky-link-clock), in a row of its own."
     ),
     "seeds": CliField("Evaluation seeds per agent.", min=1),
     "policy_dir": CliField(
         "Folder with <scenario>/<agent>/policy.zip policies to load instead of "
-        "training: the --output-dir of an earlier leaderboard."
+        "training (ppo@clock: <scenario>/ppo_clock/): the --output-dir of an earlier "
+        "leaderboard."
     ),
     "output_dir": CliField(
         "Folder for the tables, figures and each scenario's episodes "

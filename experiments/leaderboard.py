@@ -98,10 +98,19 @@ def scenario_name(scenario: str | Path) -> str:
     return p.stem if p.suffix in (".yaml", ".yml") else str(scenario)
 
 
+def _recipe(agent: str) -> tuple[str, str | None]:
+    """``(agent name, recipe)`` of a leaderboard agent.
+
+    ``ppo@flaky-link-clock`` -> ``("ppo", "flaky-link-clock")``; ``(agent, None)`` without ``@``.
+    """
+    name, at, recipe = agent.partition("@")
+    return name, (recipe if at else None)
+
+
 def _role(name: str) -> str:
     from commgym.agents import AGENTS
 
-    cls = AGENTS.get(name.split(":", 1)[0])
+    cls = AGENTS.get(_recipe(name)[0].split(":", 1)[0])
     if cls is not None and cls.oracle:
         return "oracle"
     if cls is not None and cls.learned:
@@ -173,7 +182,11 @@ def run_leaderboard(
     Args:
         scenarios: scenario files or shipped names (each needs ``env.target_loss``).
         agents: agent names (``AGENTS`` keys or ``static:<preset>``); SB3 agents are the
-            learned ones.
+            learned ones. ``NAME@RECIPE`` trains learned agent ``NAME`` by another run config
+            (a shipped name or YAML file, e.g. ``ppo@flaky-link-clock``) instead of the
+            scenario's own: its ``env`` must be the scenario's, and the row is labelled
+            ``NAME@<recipe's name>``, so that learners with different recipes share one
+            invocation, seeds and oracles.
         seeds: evaluation seeds per agent (``eval_seed + i``), >= 1 (3 for intervals).
         output_dir: folder of the tables (``leaderboard-<scenario>.csv`` / ``.md``,
             ``leaderboard.md``), figures and each scenario's episodes (``<scenario>/``).
@@ -195,15 +208,18 @@ def run_leaderboard(
         Scenario -> entries in ``agents`` order.
 
     Raises:
-        ValueError: an unknown scenario, agent or override; a scenario without a target.
-        FileNotFoundError: a scenario file that does not exist.
+        ValueError: an unknown scenario, agent or override; a scenario without a target;
+            a recipe for an agent that is not learned, or whose ``env`` differs from a
+            scenario's; two agents with the same label.
+        FileNotFoundError: a scenario or recipe file that does not exist.
     """
     from commgym.agents import make_agent  # noqa: F401 - fail on a broken install early
 
     check_int("seeds", seeds, 1)
     if not scenarios or not agents:
         raise ValueError("the leaderboard needs at least one scenario and one agent")
-    learned = [a for a in agents if _role(a) == "learned"]
+    agents, recipes = _labels(agents)
+    learned = [_recipe(a)[0] for a in agents if _role(a) == "learned"]
     base = {**(overrides or {}), "episodes": seeds, "baselines": []}
     # the scenario's own config: for its learned agent, else for a baseline (which has
     # no fine-tuning to give episodes to)
@@ -219,9 +235,11 @@ def run_leaderboard(
         configs[name] = _scenario_config(s, ref)
         for a in agents:
             try:
-                load_run_config(s, {**ref, "baselines": [a]})
+                load_run_config(s, {**ref, "baselines": [_recipe(a)[0]]})
             except ValueError as err:
                 raise ValueError(f"scenario {name!r}: {err}") from None
+            if a in recipes:
+                _check_recipe(a, recipes[a], base, name, configs[name])
         env = configs[name].env_config
         check_network(env.network_plan, env.network_strict, f"scenario {name!r}")
     if len(configs) != len(scenarios):
@@ -232,15 +250,76 @@ def run_leaderboard(
     )
     with open_executor(where) as opened:
         return _run(
-            configs, files, agents, seeds, base, Path(output_dir), tracking_uri, experiment,
-            policy_dir, scenarios, opened,
+            configs, files, agents, recipes, seeds, base, Path(output_dir), tracking_uri,
+            experiment, policy_dir, scenarios, opened,
         )  # fmt: skip
+
+
+def _labels(agents: list[str] | tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """The leaderboard's row labels of ``agents`` and, per ``NAME@RECIPE`` label, its recipe.
+
+    ``ppo@runs/clock.yaml`` is labelled ``ppo@clock`` (the recipe's name, as a scenario's).
+
+    Raises:
+        ValueError: an empty recipe, a recipe for an agent that is not learned, or two
+            agents with the same label.
+    """
+    labels: list[str] = []
+    recipes: dict[str, str] = {}
+    for agent in agents:
+        name, recipe = _recipe(agent)
+        if recipe is None:
+            labels.append(agent)
+            continue
+        if not recipe:
+            raise ValueError(
+                f"agent {agent!r}: name a run config after '@' (e.g. ppo@flaky-link-clock)"
+            )
+        if _role(name) != "learned":
+            raise ValueError(
+                f"agent {agent!r}: a recipe after '@' says how a learned agent is trained, and "
+                f"{name!r} is not one (learned agents: the SB3 ones, mpc, rollout-table); "
+                f"drop '@{recipe}'"
+            )
+        label = f"{name}@{scenario_name(recipe)}"
+        labels.append(label)
+        recipes[label] = recipe
+    twice = sorted({a for a in labels if labels.count(a) > 1})
+    if twice:
+        raise ValueError(f"agents must be distinct, got {twice} more than once in {list(agents)}")
+    return labels, recipes
+
+
+def _check_recipe(
+    label: str, recipe: str, base: dict[str, Any], scenario: str, cfg: RunConfig
+) -> RunConfig:
+    """``recipe``'s run config for ``label``'s agent, checked against ``scenario``'s.
+
+    Raises:
+        ValueError: the recipe's ``env`` differs from the scenario's (the fields named), or
+            the recipe is not a valid run config for that agent.
+        FileNotFoundError: no such recipe file.
+    """
+    try:
+        rcfg = _scenario_config(recipe, {**base, "agent": _recipe(label)[0]})
+    except ValueError as err:
+        raise ValueError(f"agent {label!r}: recipe {recipe!r}: {err}") from None
+    mine, theirs = rcfg.env_config.to_dict(), cfg.env_config.to_dict()
+    differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+    if differ:
+        shown = ", ".join(f"env.{k}: {mine.get(k)!r} there, {theirs.get(k)!r} here" for k in differ)
+        raise ValueError(
+            f"agent {label!r}: recipe {recipe!r} trains for another environment than scenario "
+            f"{scenario!r} ({shown}); a recipe may change how the agent learns, not the scenario"
+        )
+    return rcfg
 
 
 def _run(
     configs: dict[str, RunConfig],
     files: dict[str, str],
-    agents: list[str] | tuple[str, ...],
+    agents: list[str],
+    recipes: dict[str, str],
     seeds: int,
     base: dict[str, Any],
     out: Path,
@@ -285,8 +364,11 @@ def _run(
                 built: dict[str, Any] = {}
                 costs: dict[str, TrainingCost] = {}
                 for name in agents:
-                    if _role(name) == "learned":
+                    if name in recipes:
+                        lcfg = _check_recipe(name, recipes[name], base, scenario, cfg)
+                    elif _role(name) == "learned":
                         lcfg = _scenario_config(files[scenario], {**base, "agent": name})
+                    if _role(name) == "learned":
                         sub = None if policies is None else policies / slug(scenario)
                         agent, cost, sur = _learned(
                             name, lcfg, env, parent, s_out, sub,

@@ -222,6 +222,17 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
     PER_CONDITION_BUSY: NotInCI(PER_CONDITION),
     "commgym headroom-bound --conditions quiet=quiet/busy-link/static-entries-busy-link.csv,"
     "busy=busy/busy-link/static-entries-busy-link.csv": NotInCI(PER_CONDITION),
+    "commgym leaderboard --scenarios flaky-link --agents ppo@flaky-link-clock,"
+    "mpc@flaky-link-board,rollout-table,oracle-static,oracle-adaptive,best-static "
+    "--seeds 8": NotInCI(
+        "a flaky-link board of about an hour of 4 shaped ranks plus the clock recipe's "
+        "simulator calibration (5-10 minutes of real ranks), and it reads a user's "
+        "flaky-link-board.yaml; the NAME@RECIPE form runs small in tests/experiments/"
+        "test_leaderboard.py::test_policy_dir_loads_the_saved_policy_instead_of_training (a "
+        "recipe-trained ppo beside a loaded one), its refusals in "
+        "test_bad_input_fails_before_anything_runs and "
+        "test_agent_labels_refuse_what_cannot_be_a_row"
+    ),
     "commgym leaderboard --agents ppo --seeds 1 --output-dir policies": Run(BOARD),
     "commgym leaderboard --policy-dir policies --output-dir board": Run(
         BOARD,

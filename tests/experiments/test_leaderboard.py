@@ -166,15 +166,37 @@ def test_mlflow_parent_and_one_child_per_episode(board):
     assert parent.data.params["tiny/ppo/env.workload"] == "mlp-digits"
 
 
+#: Another recipe for ppo on TINY's environment: fewer recorded decisions, other PPO settings.
+RECIPE = {**TINY, "surrogate_decisions": 8, "agent_kwargs": {"n_steps": 16, "batch_size": 16}}
+
+
 def test_policy_dir_loads_the_saved_policy_instead_of_training(board):
-    tmp, _uri, _, args = board
+    """ppo loaded from --policy-dir, beside ``ppo@recipe``: ppo trained by its own run config
+    (same environment) in the same invocation, its row and files labelled by the recipe."""
+    tmp, uri, _, args = board
     cost = json.loads((tmp / "out" / "tiny" / "ppo" / "policy.cost.json").read_text())
+    (tmp / "recipe.yaml").write_text(yaml.safe_dump(RECIPE))
     again = [*args[:-1], str(tmp / "out2")]
-    again[again.index("--agents") + 1] = "ppo,static:ddp-default"
+    again[again.index("--agents") + 1] = f"ppo,ppo@{tmp / 'recipe.yaml'},static:ddp-default"
     out = cli_ok([*again, "--policy-dir", str(tmp / "out")], tmp, timeout_s=600)
-    assert "loaded" in out and "training ppo" not in out
+    assert "ppo: loaded" in out and "ppo@recipe: trained in" in out
     rows = read_leaderboard_csv(tmp / "out2" / "leaderboard-tiny.csv")
+    assert [r["agent"] for r in rows[::SEEDS]] == ["ppo", "ppo@recipe", "static:ddp-default"]
     assert rows[0]["cost_wall_s"] == pytest.approx(cost["wall_s"])
+    recipe = [r for r in rows if r["agent"] == "ppo@recipe"]
+    assert recipe[0]["role"] == "learned"
+    # the recipe's 8 recorded decisions (not the scenario's 16) and its own PPO settings
+    assert RECIPE["surrogate_decisions"] <= recipe[0]["cost_real_decisions"]
+    assert recipe[0]["cost_real_decisions"] < TINY["surrogate_decisions"]
+    assert (tmp / "out2" / "tiny" / "ppo_recipe" / "policy.zip").is_file()
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("commgym-leaderboard")
+    last = client.search_runs(
+        [exp.experiment_id], "tags.`commgym.command` = 'leaderboard'",
+        order_by=["attributes.start_time DESC"], max_results=1,
+    )[0]  # fmt: skip
+    assert last.data.params["tiny/ppo_recipe/agent.n_steps"] == "16"
+    assert last.data.params["tiny/ppo_recipe/surrogate_decisions"] == "8"
 
 
 def test_bad_input_fails_before_anything_runs(tmp_path):
@@ -190,6 +212,32 @@ def test_bad_input_fails_before_anything_runs(tmp_path):
                 "--output-dir", str(tmp_path / "o")], tmp_path)  # fmt: skip
     assert proc.returncode == 2 and "slow-link" in proc.stderr and "fp16/25MB/H4" in proc.stderr
     assert not (tmp_path / "o").exists() and not (tmp_path / "mlflow.db").exists()
+    # a recipe for another environment than the scenario's, named by its differing fields
+    proc = cli(["leaderboard", "--scenarios", "default", "--agents", "ppo@slow-link",
+                "--output-dir", str(tmp_path / "o")], tmp_path)  # fmt: skip
+    assert proc.returncode == 2 and "another environment" in proc.stderr, proc.stderr
+    assert "env.network" in proc.stderr and "ppo@slow-link" in proc.stderr
+    assert not (tmp_path / "o").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("agents", "says"),
+    [
+        (["ppo", "ppo"], "more than once"),
+        (["ppo@a/x.yaml", "ppo@b/x.yaml"], "more than once"),  # both labelled ppo@x
+        (["static:ddp-default@smoke"], "is not one"),
+        (["oracle-static@smoke"], "is not one"),
+        (["ppo@"], "name a run config"),
+    ],
+)
+def test_agent_labels_refuse_what_cannot_be_a_row(agents, says):
+    from commgym.experiments.leaderboard import _labels
+
+    with pytest.raises(ValueError, match=says):
+        _labels(agents)
+    labels, recipes = _labels(["ppo", "ppo@runs/clock.yaml", "mpc@flaky-link-board"])
+    assert labels == ["ppo", "ppo@clock", "mpc@flaky-link-board"]
+    assert recipes == {"ppo@clock": "runs/clock.yaml", "mpc@flaky-link-board": "flaky-link-board"}
 
 
 def _entry(agent: str, role: str, times: list[float]):
