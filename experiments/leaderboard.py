@@ -276,10 +276,12 @@ def _labels(agents: list[str] | tuple[str, ...]) -> tuple[list[str], dict[str, s
                 f"agent {agent!r}: name a run config after '@' (e.g. ppo@flaky-link-clock)"
             )
         if _role(name) != "learned":
+            from commgym.agents import AGENTS
+
+            learners = ", ".join(k for k, cls in AGENTS.items() if cls.learned)
             raise ValueError(
                 f"agent {agent!r}: a recipe after '@' says how a learned agent is trained, and "
-                f"{name!r} is not one (learned agents: the SB3 ones, mpc, rollout-table); "
-                f"drop '@{recipe}'"
+                f"{name!r} is not one (learned agents: {learners}); drop '@{recipe}'"
             )
         label = f"{name}@{scenario_name(recipe)}"
         labels.append(label)
@@ -307,7 +309,10 @@ def _check_recipe(
     mine, theirs = rcfg.env_config.to_dict(), cfg.env_config.to_dict()
     differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
     if differ:
-        shown = ", ".join(f"env.{k}: {mine.get(k)!r} there, {theirs.get(k)!r} here" for k in differ)
+        shown = "; ".join(
+            f"env.{k}: {mine.get(k)!r} in the recipe, {theirs.get(k)!r} in the scenario"
+            for k in differ
+        )
         raise ValueError(
             f"agent {label!r}: recipe {recipe!r} trains for another environment than scenario "
             f"{scenario!r} ({shown}); a recipe may change how the agent learns, not the scenario"
