@@ -50,6 +50,11 @@ __all__ = ["Cluster", "LaunchConfig", "scratch_dir"]
 
 #: c10d rendezvous port inside rank 0's private network namespace (no other user).
 _RDZV_PORT = 29400
+#: The variables a launch sets for its ranks over the driver's environment: their control
+#: key, scratch folder (``TMPDIR``) and thread count. A rank reads them only after it starts,
+#: so ranks forked from a process that imported the worker in another environment
+#: (:mod:`commgym.env.launcher`) still get them.
+LAUNCH_KEYS = frozenset({"TMPDIR", "COMMGYM_AUTHKEY", "OMP_NUM_THREADS"})
 
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
@@ -187,6 +192,9 @@ class Cluster:
             network namespace ``k`` as its own torchrun agent (``--nnodes W --node-rank
             k``, c10d rendezvous at rank 0's address), i.e. the multi-node code path over
             shaped links; the control listener binds to the bridge address.
+        fork_ranks: on this machine without a network, the agent forks its ranks from a
+            process that imported the worker (:mod:`commgym.env.launcher`; each rank's
+            ``hello`` says ``forked``); False starts every rank as a fresh interpreter.
 
     Raises:
         ValueError: bad ``world_size``, or ``config`` is not a :class:`LaunchConfig`.
@@ -202,6 +210,7 @@ class Cluster:
         start_timeout_s: float = 180.0,
         extra_env: dict[str, str] | None = None,
         network: EmulatedNetwork | None = None,
+        fork_ranks: bool = True,
     ) -> None:
         check_int("world_size", world_size, 1)
         config = LaunchConfig() if config is None else config
@@ -214,6 +223,7 @@ class Cluster:
         self.start_timeout_s = float(start_timeout_s)
         self.extra_env = dict(extra_env or {})
         self.network = network
+        self.fork_ranks = bool(fork_ranks)
         if network is not None:
             if network.world_size != world_size:
                 raise ValueError(
@@ -296,14 +306,14 @@ class Cluster:
             self._log_path = log
             env = dict(os.environ)
             env.update(self.extra_env)
-            env.update(
-                {
-                    "TMPDIR": str(self._scratch),
-                    "COMMGYM_AUTHKEY": self._authkey.hex(),
-                    # read by the OpenMP runtime when the rank starts, before any message
-                    "OMP_NUM_THREADS": str(self.config.threads_per_rank),
-                }
-            )
+            launch_vars = {  # LAUNCH_KEYS
+                "TMPDIR": str(self._scratch),
+                "COMMGYM_AUTHKEY": self._authkey.hex(),
+                # read by the OpenMP runtime when a fresh rank starts, before any message
+                # (a forked one has it applied by torch.set_num_threads at the launch message)
+                "OMP_NUM_THREADS": str(self.config.threads_per_rank),
+            }
+            env.update(launch_vars)
             worker = ["-m", "commgym.env.worker", "--control", f"{host}:{port}"]
             if self.network is None:
                 cmd = [
@@ -319,7 +329,9 @@ class Cluster:
             for cmd, env_k in launches:
                 # each agent (local or in a namespace) is forked from a process that imported
                 # torchrun once (commgym.env.launcher: one torch import less per agent)
-                proc, self.launched_by = start_agent(cmd, env_k, str(log))
+                proc, self.launched_by = start_agent(
+                    cmd, env_k, str(log), fork_ranks=self.fork_ranks
+                )
                 self._procs.append(proc)
         conns: list[Connection] = []
         err: list[BaseException] = []

@@ -21,6 +21,21 @@ and replaced next time), leaves that launch to a plain ``subprocess.Popen`` of t
 command (:func:`start_agent` says which ran); a forked agent's exit status comes back as a
 child's would (``returncode``, negative for a signal).
 
+The ranks of an environment's cluster (``-m commgym.env.worker`` under one ``--standalone``
+agent, no network namespace) are forked too: the launcher also imports the worker once, and a
+forked agent runs torchrun's own ``run`` with the worker as a function entrypoint and
+torchrun's ``fork`` start method (the path ``torchrun --run-path`` takes with ``spawn``), so
+each rank starts without its 2.0-2.5 s interpreter and torch import. A forked rank gets what
+``python -u -m commgym.env.worker`` would: torchrun's per-rank variables over the launch's
+environment, the launch's working directory first on ``sys.path``, a session of its own,
+the default signal dispositions (not the agent's handlers) and line-buffered output; its
+``/proc/PID/comm`` reads ``commgym-rank`` (its command line is the launcher's). Where the
+launch's environment differs from the launcher's own in a variable read at interpreter start
+or import (:data:`IMPORT_ENV_PREFIXES`, e.g. ``TRITON_INTERPRET``), what the launcher
+imported could differ from what a rank would, so the agent starts its ranks as fresh
+interpreters, as it does on an emulated network (one agent per namespace, the multi-node
+path kept as torchrun runs it).
+
 The driver ends its launcher at exit; a driver killed outright closes the launcher's socket,
 and the launcher exits on that. Agents it forked run on until their ranks exit, as agents
 started with ``Popen`` would, and a Ctrl-C at the terminal reaches the driver only (the
@@ -31,6 +46,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import os
 import signal
 import socket
@@ -52,6 +68,17 @@ ANSWER_TIMEOUT_S = 120.0
 _NETNS_DIR = Path("/var/run/netns")
 #: ``CLONE_NEWNET`` from ``<sched.h>``: ``setns(2)``'s namespace type
 _CLONE_NEWNET = 0x40000000
+#: the module a forked agent forks as its ranks instead of running it in fresh interpreters
+WORKER_MODULE = "commgym.env.worker"
+#: Environment variables read when an interpreter starts or torch, numpy, Triton, numba or
+#: a BLAS/OpenMP runtime is imported or loaded (by name prefix): a launch whose values differ
+#: from the launcher's own gets fresh ranks (e.g. ``TRITON_INTERPRET=1``)
+IMPORT_ENV_PREFIXES = (
+    "PYTHON", "LD_", "TORCH", "PYTORCH", "TRITON", "NUMBA", "CUDA", "NPY_", "MKL", "KMP_",
+    "OMP_", "GOMP", "OPENBLAS", "GOTOBLAS",
+)  # fmt: skip
+#: ``/proc/PID/comm`` of a forked rank (15 bytes at most)
+RANK_COMM = "commgym-rank"
 
 
 class ForkedAgent:
@@ -150,7 +177,12 @@ class _Launcher:
                 self._cond.notify_all()
 
     def spawn(
-        self, argv: list[str], env: dict[str, str], log_path: str, netns: str | None
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        log_path: str,
+        netns: str | None,
+        fork_ranks: bool = True,
     ) -> ForkedAgent | None:
         """Fork one agent running ``torch.distributed.run.main(argv)``; ``None`` if it cannot."""
         with self._request:
@@ -158,7 +190,14 @@ class _Launcher:
                 return None
             try:
                 self._conn.send(
-                    {"argv": argv, "env": env, "cwd": os.getcwd(), "log": log_path, "netns": netns}
+                    {
+                        "argv": argv,
+                        "env": env,
+                        "cwd": os.getcwd(),
+                        "log": log_path,
+                        "netns": netns,
+                        "fork_ranks": fork_ranks,
+                    }
                 )
             except (OSError, ValueError):
                 return None
@@ -224,7 +263,7 @@ def launcher_pid() -> int | None:
 
 
 def start_agent(
-    cmd: list[str], env: dict[str, str], log_path: str
+    cmd: list[str], env: dict[str, str], log_path: str, *, fork_ranks: bool = True
 ) -> tuple[ForkedAgent | subprocess.Popen[bytes], str]:
     """Start ``cmd`` (``python -m torch.distributed.run ...``) in a session of its own.
 
@@ -235,6 +274,8 @@ def start_agent(
             ``ip netns exec`` does, ``setns(2)``), else run with Popen.
         env: its whole environment.
         log_path: file that receives its stdout and stderr (appended to).
+        fork_ranks: let a forked agent outside a namespace fork ``-m commgym.env.worker``
+            ranks (module docstring); False starts them as fresh interpreters.
 
     Returns:
         ``(process, how)``: a :class:`ForkedAgent` or a ``subprocess.Popen``, and
@@ -250,7 +291,7 @@ def start_agent(
     if cmd_in_ns[: len(prefix)] == prefix and known_ns:
         launcher = _launcher()
         if launcher is not None:
-            agent = launcher.spawn(cmd_in_ns[len(prefix) :], env, log_path, netns)
+            agent = launcher.spawn(cmd_in_ns[len(prefix) :], env, log_path, netns, fork_ranks)
             if agent is not None:
                 return agent, "forked"
     with open(log_path, "ab") as out:
@@ -290,6 +331,9 @@ def _agent(request: dict[str, Any], keep: list[int]) -> None:
         sys.argv = ["torch.distributed.run", *request["argv"]]
         import torch.distributed.run as torchrun
 
+        fork = request["netns"] is None and request.get("fork_ranks", True)
+        if fork and _forks_ranks(request["env"]):
+            _fork_ranks(torchrun)
         torchrun.main(request["argv"])
         code = 0
     except SystemExit as e:
@@ -303,6 +347,79 @@ def _agent(request: dict[str, Any], keep: list[int]) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _forks_ranks(env: dict[str, str]) -> bool:
+    """Whether ranks forked from this process would start as fresh ones in ``env`` would.
+
+    The launcher imported the worker with its own environment; a launch whose environment
+    differs from it in a variable that the interpreter's start or an import reads
+    (:data:`IMPORT_ENV_PREFIXES`; the cluster's ``LAUNCH_KEYS`` aside, which a rank reads
+    after it starts) gets fresh interpreters. Other differences (``PYTEST_CURRENT_TEST``, a
+    tag) reach a forked rank as they would a fresh one: torchrun sets its environment.
+    """
+    cluster = sys.modules.get("commgym.env.cluster")  # imported with the worker
+    if not _START_ENV or WORKER_MODULE not in sys.modules or cluster is None:
+        return False
+
+    def read_at_import(e: dict[str, str]) -> dict[str, str]:
+        return {
+            k: v
+            for k, v in e.items()
+            if k.startswith(IMPORT_ENV_PREFIXES) and k not in cluster.LAUNCH_KEYS
+        }
+
+    return read_at_import(_START_ENV) == read_at_import(env)
+
+
+def _fork_ranks(torchrun: Any) -> None:
+    """Make this agent's ``torchrun.run`` fork ``-m commgym.env.worker`` ranks (module doc).
+
+    torchrun's ``run`` builds its launch from ``config_from_args``: for a worker started as
+    ``python -u -m commgym.env.worker ARGS`` the entrypoint becomes :func:`_rank` with ``ARGS``
+    and the start method ``fork``; any other entrypoint is left as torchrun made it.
+    """
+    from_args = torchrun.config_from_args
+
+    def config_from_args(args: Any) -> tuple[Any, Any, list[Any]]:
+        config, cmd, cmd_args = from_args(args)
+        if cmd == sys.executable and list(cmd_args[:3]) == ["-u", "-m", WORKER_MODULE]:
+            config.start_method = "fork"
+            return config, _rank, list(cmd_args[3:])
+        return config, cmd, cmd_args
+
+    torchrun.config_from_args = config_from_args
+
+
+def _rank(*argv: str) -> None:
+    """A forked rank: run ``python -u -m commgym.env.worker *argv`` without the interpreter start.
+
+    Runs in torchrun's worker process (its ``fork`` start method), whose environment torchrun
+    has set for this rank.
+    """
+    os.setsid()  # torchrun's Popen starts each rank in a session of its own
+    # the agent's handlers (they raise torchrun's SignalException) are not a rank's
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    with contextlib.suppress(Exception):  # the name ps and top show; its cmdline is ours
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, RANK_COMM.encode(), 0, 0, 0)  # PR_SET_NAME
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.reconfigure(line_buffering=True)  # -u: a rank's lines reach the log
+    if not os.environ.get("PYTHONSAFEPATH"):
+        sys.path.insert(0, os.getcwd())  # -m: the working directory first
+    worker = sys.modules[WORKER_MODULE]
+    sys.argv = [str(worker.__file__), *argv]
+    worker.FORKED = True
+    code = worker.main(list(argv))
+    if code:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)  # a rank's exit status, as under Popen (a returned value is not one)
 
 
 def _join_netns(name: str) -> None:
@@ -324,10 +441,20 @@ def _join_netns(name: str) -> None:
         os.close(fd)
 
 
+#: the launcher's environment when it imported the worker (empty outside the launcher)
+_START_ENV: dict[str, str] = {}
+
+
 def _serve(fd: int) -> int:
     """The launcher's loop: fork an agent per request, report each agent's exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch.distributed.run  # noqa: F401 - the import every forked agent shares
+
+    _START_ENV.update(os.environ)
+    # the import every forked rank shares (where commgym cannot be imported here, ranks
+    # start as fresh interpreters and fail there, with their traceback in the launch log)
+    with contextlib.suppress(Exception):
+        importlib.import_module(WORKER_MODULE)
 
     conn = Connection(fd)
     children: set[int] = set()

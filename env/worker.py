@@ -2,13 +2,13 @@
 
 ``python -m commgym.env.worker --control HOST:PORT`` (with ``COMMGYM_AUTHKEY`` set)
 connects to the environment's control listener and says hello (rank, world size, pid,
-host; rank and world size are torchrun's). The first command is ``launch``, which holds
-the cluster's :class:`~commgym.env.cluster.LaunchConfig`: the rank imports the workload
-modules, sets its threads and device, initialises ``torch.distributed`` (rendezvous from
-torchrun's variables, backend and timeout from the config) and replies ``ready``. No
-setting is read from the environment except the key, which the rank needs to connect at
-all. It then executes commands until ``close`` or until the connection drops (the
-environment died: the rank exits, it never lingers).
+host, whether its agent forked it; rank and world size are torchrun's). The first command
+is ``launch``, which holds the cluster's :class:`~commgym.env.cluster.LaunchConfig`: the
+rank imports the workload modules, sets its threads and device, initialises
+``torch.distributed`` (rendezvous from torchrun's variables, backend and timeout from the
+config) and replies ``ready``. No setting is read from the environment except the key, which
+the rank needs to connect at all. It then executes commands until ``close`` or until the
+connection drops (the environment died: the rank exits, it never lingers).
 
 Commands (dicts with ``"cmd"``), each answered by exactly one reply dict:
 
@@ -62,6 +62,10 @@ from commgym.env.stragglers import StragglerDraw, StragglerSpec
 from commgym.env.workloads.shards import shard_indices
 
 __all__ = ["RankRunner", "main"]
+
+#: Whether this rank was forked by its torchrun agent (:mod:`commgym.env.launcher`) rather
+#: than started as ``python -u -m commgym.env.worker``; said in the hello.
+FORKED = False
 
 #: Samples of the held-out split used for the per-decision evaluation (fixed batch,
 #: split across ranks). Small enough to cost well under a training iteration per rank.
@@ -354,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             "world_size": world,
             "pid": os.getpid(),
             "host": socket.gethostname(),
+            "forked": FORKED,
         }
     )
     try:

@@ -1,8 +1,8 @@
 """torchrun's agent forked from commgym's launcher behaves as the same command under Popen.
 
 Real torchrun agents and real ranks: the rank here is a small script (no torch import, so a
-launch costs a fraction of a second), and one test starts real gloo ranks through
-:class:`~commgym.env.cluster.Cluster`.
+launch costs a fraction of a second), and the cluster tests start real gloo ranks through
+:class:`~commgym.env.cluster.Cluster`, forked by their agent or fresh.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
+from commgym.collectives import CommConfig, WorkerFailed
 from commgym.env import launcher
 from commgym.env.cluster import Cluster, LaunchConfig
 
@@ -24,12 +27,20 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 RANK = textwrap.dedent(
     """
-    import json, os, sys, tempfile
-    out = sys.argv[1]
-    with open(out + "." + os.environ["RANK"], "w") as f:
+    import json, os, sys, tempfile, time
+    out, world = sys.argv[1], int(os.environ["WORLD_SIZE"])
+    with open(out + ".part" + os.environ["RANK"], "w") as f:
         json.dump({"cwd": os.getcwd(), "marker": os.environ.get("LAUNCHER_MARKER"),
                    "tmp": tempfile.gettempdir(), "pid": os.getpid(),
                    "sid": os.getsid(0), "world": os.environ["WORLD_SIZE"]}, f)
+    os.replace(out + ".part" + os.environ["RANK"], out + "." + os.environ["RANK"])
+    # torchrun ends every rank once one fails: a failing rank leaves only after all have
+    # written (on a loaded machine a peer may still be starting when it exits)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(
+        os.path.exists(out + "." + str(r)) for r in range(world)
+    ):
+        time.sleep(0.05)
     sys.exit(int(sys.argv[2]))
     """
 )
@@ -164,6 +175,50 @@ def test_a_cluster_launch_is_forked_and_commands_reach_its_ranks():
     finally:
         c.close()
     assert not c.alive
+
+
+def _train(extra_env: dict[str, str] | None = None, fork_ranks: bool = True):
+    """Hello, sessions, names and two decisions' losses of a 2-rank cluster."""
+    config = CommConfig(compression="int8", sync_period=2).to_dict()
+    c = Cluster(
+        2,
+        LaunchConfig(workload="mlp-digits", timeout_s=60),
+        extra_env=extra_env,
+        fork_ranks=fork_ranks,
+    )
+    try:
+        hello = c.start()
+        sessions = [os.getsid(pid) == pid for pid in c.pids]
+        names = [Path(f"/proc/{pid}/comm").read_text().strip() for pid in c.pids]
+        c.command({"cmd": "reset", "seed": 7, "config": config})
+        losses = []
+        for _ in range(2):
+            replies = c.command({"cmd": "step", "config": config, "steps": 4})
+            losses.append([(r["train_loss"], r["eval_loss"]) for r in replies])
+        # a forked rank keeps SIGTERM's default: it dies, and the next command says so
+        os.kill(c.pids[1], signal.SIGTERM)
+        with pytest.raises(WorkerFailed):
+            c.command({"cmd": "step", "config": config, "steps": 1})
+        return hello, sessions, names, losses
+    finally:
+        c.close()
+
+
+def test_a_clusters_ranks_are_forked_and_train_bit_identically_to_fresh_ones():
+    """Ranks forked by their agent: own sessions, named, default signals, the same training."""
+    hello, sessions, names, forked = _train()
+    assert [h["forked"] for h in hello] == [True, True]
+    assert sessions == [True, True] and names == [launcher.RANK_COMM] * 2
+    hello, sessions, names, fresh = _train(fork_ranks=False)
+    assert [h["forked"] for h in hello] == [False, False]
+    assert sessions == [True, True] and launcher.RANK_COMM not in names
+    assert forked == fresh
+    # a variable read at import that the launcher did not start with: fresh interpreters; one
+    # that no import reads: forked (torchrun gives each rank the launch's environment)
+    hello, *_ = _train({"TRITON_INTERPRET": "1"})
+    assert [h["forked"] for h in hello] == [False, False]
+    hello, *_, tagged = _train({"LAUNCH_PROBE_TAG": "x"})
+    assert [h["forked"] for h in hello] == [True, True] and tagged == forked
 
 
 def test_a_launcher_that_does_not_answer_is_dropped_and_the_launch_runs_under_popen(

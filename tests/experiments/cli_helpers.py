@@ -10,6 +10,8 @@ import sys
 import threading
 import time
 
+from commgym.env.launcher import RANK_COMM
+
 
 def cli(args: list[str], cwd, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
     """``python -m commgym.experiments.cli *args`` in ``cwd``; never inherits an MLflow run."""
@@ -80,9 +82,21 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def is_rank(pid: int) -> bool:
+    """Whether ``pid`` is an environment rank: ``python -u -m commgym.env.worker``, or one its
+    torchrun agent forked (named ``commgym-rank``; its command line is the launcher's)."""
+    if "commgym.env.worker" in cmdline(pid):
+        return True
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() == RANK_COMM
+    except OSError:
+        return False
+
+
 def ranks_among(pids) -> set[int]:
-    """Those of ``pids`` that are environment ranks (``python -u -m commgym.env.worker``)."""
-    return {pid for pid in pids if "commgym.env.worker" in cmdline(pid)}
+    """Those of ``pids`` that are environment ranks (:func:`is_rank`)."""
+    return {pid for pid in pids if is_rank(pid)}
 
 
 def networks_of(pids) -> set[str]:

@@ -157,7 +157,7 @@ def test_sigterm_or_ctrl_c_of_the_driver_leaves_no_actor_rank_or_network(tmp_pat
         ranks: set[int] = set()
         while time.monotonic() < deadline and proc.poll() is None:
             kids = _children(proc.pid)
-            ranks = {p for p in kids if _cmdline(p).count("commgym.env.worker")}
+            ranks = ranks_among(kids)
             if len(ranks) >= 2:
                 break
             time.sleep(0.5)
