@@ -25,7 +25,8 @@ The ranks of an environment's cluster (``-m commgym.env.worker`` under one ``--s
 agent, no network namespace) are forked too: the launcher also imports the worker once, and a
 forked agent runs torchrun's own ``run`` with the worker as a function entrypoint and
 torchrun's ``fork`` start method (the path ``torchrun --run-path`` takes with ``spawn``), so
-each rank starts without its 2.0-2.5 s interpreter and torch import. A forked rank gets what
+each rank starts without its 2.0-2.5 s interpreter and torch import (nor the 1.2-2.2 s of
+``torch._dynamo`` its first optimizer imports: :data:`RANK_IMPORTS`). A forked rank gets what
 ``python -u -m commgym.env.worker`` would: torchrun's per-rank variables over the launch's
 environment, the launch's working directory first on ``sys.path``, a session of its own,
 the default signal dispositions (not the agent's handlers) and line-buffered output; its
@@ -70,12 +71,16 @@ _NETNS_DIR = Path("/var/run/netns")
 _CLONE_NEWNET = 0x40000000
 #: the module a forked agent forks as its ranks instead of running it in fresh interpreters
 WORKER_MODULE = "commgym.env.worker"
+#: what the launcher imports for its forked ranks: the worker, and what every rank's first
+#: reset and step import (torch's optimizers import ``torch._dynamo`` at their first param
+#: group, 1.2-2.2 s of CPU with what it brings: Triton, SciPy, SymPy; the CPU kernels numba)
+RANK_IMPORTS = (WORKER_MODULE, "torch._dynamo", "commgym.collectives.kernels.cpu_kernels")
 #: Environment variables read when an interpreter starts or torch, numpy, Triton, numba or
 #: a BLAS/OpenMP runtime is imported or loaded (by name prefix): a launch whose values differ
 #: from the launcher's own gets fresh ranks (e.g. ``TRITON_INTERPRET=1``)
 IMPORT_ENV_PREFIXES = (
-    "PYTHON", "LD_", "TORCH", "PYTORCH", "TRITON", "NUMBA", "CUDA", "NPY_", "MKL", "KMP_",
-    "OMP_", "GOMP", "OPENBLAS", "GOTOBLAS",
+    "PYTHON", "LD_", "TORCH", "PYTORCH", "TRITON", "NUMBA", "LLVMLITE", "CUDA", "NPY_", "SCIPY",
+    "SYMPY", "MKL", "KMP_", "OMP_", "GOMP", "OPENBLAS", "GOTOBLAS",
 )  # fmt: skip
 #: ``/proc/PID/comm`` of a forked rank (15 bytes at most)
 RANK_COMM = "commgym-rank"
@@ -451,10 +456,11 @@ def _serve(fd: int) -> int:
     import torch.distributed.run  # noqa: F401 - the import every forked agent shares
 
     _START_ENV.update(os.environ)
-    # the import every forked rank shares (where commgym cannot be imported here, ranks
+    # the imports every forked rank shares (where commgym cannot be imported here, ranks
     # start as fresh interpreters and fail there, with their traceback in the launch log)
     with contextlib.suppress(Exception):
-        importlib.import_module(WORKER_MODULE)
+        for module in RANK_IMPORTS:
+            importlib.import_module(module)
 
     conn = Connection(fd)
     children: set[int] = set()
