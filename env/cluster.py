@@ -192,9 +192,9 @@ class Cluster:
             network namespace ``k`` as its own torchrun agent (``--nnodes W --node-rank
             k``, c10d rendezvous at rank 0's address), i.e. the multi-node code path over
             shaped links; the control listener binds to the bridge address.
-        fork_ranks: on this machine without a network, the agent forks its ranks from a
-            process that imported the worker (:mod:`commgym.env.launcher`; each rank's
-            ``hello`` says ``forked``); False starts every rank as a fresh interpreter.
+        fork_ranks: an agent on this machine forks its ranks from a process that imported
+            the worker (:mod:`commgym.env.launcher`; each rank's ``hello`` says ``forked``);
+            False starts every rank as a fresh interpreter.
 
     Raises:
         ValueError: bad ``world_size``, or ``config`` is not a :class:`LaunchConfig`.

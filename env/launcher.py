@@ -21,21 +21,21 @@ and replaced next time), leaves that launch to a plain ``subprocess.Popen`` of t
 command (:func:`start_agent` says which ran); a forked agent's exit status comes back as a
 child's would (``returncode``, negative for a signal).
 
-The ranks of an environment's cluster (``-m commgym.env.worker`` under one ``--standalone``
-agent, no network namespace) are forked too: the launcher also imports the worker once, and a
-forked agent runs torchrun's own ``run`` with the worker as a function entrypoint and
-torchrun's ``fork`` start method (the path ``torchrun --run-path`` takes with ``spawn``), so
-each rank starts without its 2.0-2.5 s interpreter and torch import (nor the 1.2-2.2 s of
-``torch._dynamo`` its first optimizer imports: :data:`RANK_IMPORTS`). A forked rank gets what
-``python -u -m commgym.env.worker`` would: torchrun's per-rank variables over the launch's
-environment, the launch's working directory first on ``sys.path``, a session of its own,
-the default signal dispositions (not the agent's handlers) and line-buffered output; its
-``/proc/PID/comm`` reads ``commgym-rank`` (its command line is the launcher's). Where the
-launch's environment differs from the launcher's own in a variable read at interpreter start
-or import (:data:`IMPORT_ENV_PREFIXES`, e.g. ``TRITON_INTERPRET``), what the launcher
+The ranks of an environment's cluster (``-m commgym.env.worker``, under one ``--standalone``
+agent or one agent per namespace of an emulated network) are forked too: the launcher also
+imports the worker once, and a forked agent runs torchrun's own ``run`` with the worker as a
+function entrypoint and torchrun's ``fork`` start method (the path ``torchrun --run-path``
+takes with ``spawn``), so each rank starts without its 2.0-2.5 s interpreter and torch import
+(nor the 1.2-2.2 s of ``torch._dynamo`` its first optimizer imports: :data:`RANK_IMPORTS`). A
+forked rank gets what ``python -u -m commgym.env.worker`` would: torchrun's per-rank
+variables over the launch's environment, the launch's working directory first on
+``sys.path``, its agent's network namespace, a session of its own, the default signal
+dispositions (not the agent's handlers) and line-buffered output; its ``/proc/PID/comm``
+reads ``commgym-rank`` (its command line and ``/proc/PID/environ`` are the launcher's). Where
+the launch's environment differs from the launcher's own in a variable read at interpreter
+start or import (:data:`IMPORT_ENV_PREFIXES`, e.g. ``TRITON_INTERPRET``), what the launcher
 imported could differ from what a rank would, so the agent starts its ranks as fresh
-interpreters, as it does on an emulated network (one agent per namespace, the multi-node
-path kept as torchrun runs it).
+interpreters, as it does with ``fork_ranks=False``.
 
 The driver ends its launcher at exit; a driver killed outright closes the launcher's socket,
 and the launcher exits on that. Agents it forked run on until their ranks exit, as agents
@@ -279,8 +279,8 @@ def start_agent(
             ``ip netns exec`` does, ``setns(2)``), else run with Popen.
         env: its whole environment.
         log_path: file that receives its stdout and stderr (appended to).
-        fork_ranks: let a forked agent outside a namespace fork ``-m commgym.env.worker``
-            ranks (module docstring); False starts them as fresh interpreters.
+        fork_ranks: let a forked agent fork its ``-m commgym.env.worker`` ranks (module
+            docstring); False starts them as fresh interpreters.
 
     Returns:
         ``(process, how)``: a :class:`ForkedAgent` or a ``subprocess.Popen``, and
@@ -336,8 +336,7 @@ def _agent(request: dict[str, Any], keep: list[int]) -> None:
         sys.argv = ["torch.distributed.run", *request["argv"]]
         import torch.distributed.run as torchrun
 
-        fork = request["netns"] is None and request.get("fork_ranks", True)
-        if fork and _forks_ranks(request["env"]):
+        if request.get("fork_ranks", True) and _forks_ranks(request["env"]):
             _fork_ranks(torchrun)
         torchrun.main(request["argv"])
         code = 0

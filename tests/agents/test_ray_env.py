@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray", reason="needs the commgym[ray] extra")
 from commgym.agents.ray_env import TAG_VARIABLE, EnvActors, RayVecEnv  # noqa: E402
 from commgym.env import EnvConfig  # noqa: E402
 from commgym.env.net import netem_available  # noqa: E402
-from tests.experiments.cli_helpers import networks_of, rank_variables, ranks_among  # noqa: E402
+from tests.experiments.cli_helpers import namespaces_of, networks_of, ranks_among  # noqa: E402
 
 #: Deterministic compressors only: the same seed and actions give the same bytes and losses.
 MENU = {
@@ -211,10 +211,10 @@ def test_two_env_actors_on_one_node_get_their_own_networks(two_actors):
     assert len({n["subnet"] for n in nets}) == 2
     spaces = [set(n["namespaces"]) for n in nets]
     assert not spaces[0] & spaces[1]
-    # each actor's ranks rendezvous inside its own network (torchrun's MASTER_ADDR: rank 0's
-    # namespace address)
-    endpoints = [rank_variables(_tagged([d["tag"]]), "MASTER_ADDR") for d in where]
-    assert all(len(e) == 1 for e in endpoints) and endpoints[0] != endpoints[1]
+    # each actor's ranks run (and rendezvous) inside its own network's namespaces
+    ranks = [ranks_among(_tagged([d["tag"]])) for d in where]
+    assert all(len(r) == 2 for r in ranks)
+    assert [namespaces_of(r) for r in ranks] == spaces
     assert all(i["measured"]["bytes_per_step"] > 0 for i in infos)
     # the namespaces go with the actors: checked when the fixture closes them
 

@@ -116,10 +116,11 @@ def test_two_rank_allreduce_matches_ring_model():
     net = EmulatedNetwork(2, "100mbit")
     cluster = Cluster(2, LaunchConfig(timeout_s=120), network=net)
     try:
-        cluster.start()
+        hello = cluster.start()
         # each namespace's agent was forked by commgym's launcher and joined its namespace
-        # (setns, as `ip netns exec` does): every rank runs inside its own
+        # (setns, as `ip netns exec` does), then forked its rank: every rank runs inside its own
         assert cluster.launched_by == "forked"
+        assert [h["forked"] for h in hello] == [True, True]
         for rank, pid in enumerate(cluster.pids):
             ns = os.stat(f"/var/run/netns/{net.namespaces[rank]}").st_ino
             assert os.stat(f"/proc/{pid}/ns/net").st_ino == ns

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -55,24 +56,6 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def rank_variables(pids, name: str) -> set[str]:
-    """The values of the environment variable ``name`` that the processes ``pids`` started with.
-
-    Ranks are started by torchrun's agent with their whole environment, so their
-    ``/proc/PID/environ`` holds it (an agent forked by commgym's launcher shows the launcher's).
-    """
-    found = set()
-    prefix = f"{name}=".encode()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                entries = f.read().split(b"\0")
-        except OSError:
-            continue
-        found |= {e[len(prefix) :].decode() for e in entries if e.startswith(prefix)}
-    return found
-
-
 def cmdline(pid: int) -> str:
     """The command line of ``pid``, words joined by spaces ('' once it has gone)."""
     try:
@@ -99,12 +82,29 @@ def ranks_among(pids) -> set[int]:
     return {pid for pid in pids if is_rank(pid)}
 
 
-def networks_of(pids) -> set[str]:
-    """The emulated networks the ranks among ``pids`` ran in.
+def namespaces_of(pids) -> set[str]:
+    """The named network namespaces (``ip netns``) that the processes ``pids`` run in.
 
-    Each rank in an emulated network has ``GLOO_SOCKET_IFNAME=<network>-p<rank>``.
+    Read from each process's ``/proc/PID/ns/net`` (a rank forked by its agent shows its
+    launcher's environment in ``/proc/PID/environ``, not the launch's).
     """
-    return {v.split("-")[0] for v in rank_variables(pids, "GLOO_SOCKET_IFNAME")}
+    by_inode = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/var/run/netns"):
+            with contextlib.suppress(OSError):
+                by_inode[os.stat(f"/var/run/netns/{name}").st_ino] = name
+    found = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            name = by_inode.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
+            if name is not None:
+                found.add(name)
+    return found
+
+
+def networks_of(pids) -> set[str]:
+    """The emulated networks the processes ``pids`` run in (namespaces ``<network>-r<rank>``)."""
+    return {name.split("-")[0] for name in namespaces_of(pids)}
 
 
 def alive(pids: set[int]) -> set[int]:
