@@ -82,6 +82,15 @@ IMPORT_ENV_PREFIXES = (
     "PYTHON", "LD_", "TORCH", "PYTORCH", "TRITON", "NUMBA", "LLVMLITE", "CUDA", "NPY_", "SCIPY",
     "SYMPY", "MKL", "KMP_", "OMP_", "GOMP", "OPENBLAS", "GOTOBLAS",
 )  # fmt: skip
+#: Of those, the ones libraries set in a driver after its launcher started, which no import
+#: reads: scikit-learn's import sets the two ``KMP_`` ones (``os.environ.setdefault``; they
+#: tune Intel's OpenMP runtime, which a forked rank has already loaded or never will: torch's
+#: Linux wheels ship GNU OpenMP), torch's inductor its cache folder for its subprocesses (read
+#: when it compiles). Without them a driver that imported scikit-learn (Bayesian optimisation,
+#: the digits loader) or ran an SB3 learner would get fresh ranks for the rest of its life.
+IMPORT_ENV_EXEMPT = frozenset(
+    {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR"}
+)
 #: ``/proc/PID/comm`` of a forked rank (15 bytes at most)
 RANK_COMM = "commgym-rank"
 
@@ -370,7 +379,9 @@ def _forks_ranks(env: dict[str, str]) -> bool:
         return {
             k: v
             for k, v in e.items()
-            if k.startswith(IMPORT_ENV_PREFIXES) and k not in cluster.LAUNCH_KEYS
+            if k.startswith(IMPORT_ENV_PREFIXES)
+            and k not in cluster.LAUNCH_KEYS
+            and k not in IMPORT_ENV_EXEMPT
         }
 
     return read_at_import(_START_ENV) == read_at_import(env)

@@ -219,6 +219,11 @@ def test_a_clusters_ranks_are_forked_and_train_bit_identically_to_fresh_ones():
     assert [h["forked"] for h in hello] == [False, False]
     hello, *_, tagged = _train({"LAUNCH_PROBE_TAG": "x"})
     assert [h["forked"] for h in hello] == [True, True] and tagged == forked
+    # what scikit-learn's import (Intel OpenMP's; torch ships GNU's) and torch's inductor set
+    # in a driver: no import reads them
+    runtime = {"KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE"}
+    hello, *_ = _train({**runtime, "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_probe"})
+    assert [h["forked"] for h in hello] == [True, True]
 
 
 def test_a_launcher_that_does_not_answer_is_dropped_and_the_launch_runs_under_popen(
