@@ -59,7 +59,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ForkedAgent", "launcher_pid", "pid_runs", "start_agent"]
+__all__ = ["ForkedAgent", "close_launcher", "launcher_pid", "pid_runs", "start_agent"]
 
 #: how often the launcher reaps exited agents when no request arrives, seconds
 _REAP_EVERY_S = 0.05
@@ -86,10 +86,12 @@ IMPORT_ENV_PREFIXES = (
 #: reads: scikit-learn's import sets the two ``KMP_`` ones (``os.environ.setdefault``; they
 #: tune Intel's OpenMP runtime, which a forked rank has already loaded or never will: torch's
 #: Linux wheels ship GNU OpenMP), torch's inductor its cache folder for its subprocesses (read
-#: when it compiles). Without them a driver that imported scikit-learn (Bayesian optimisation,
-#: the digits loader) or ran an SB3 learner would get fresh ranks for the rest of its life.
+#: when it compiles), ``ray.init`` the driver's ``PYTHONBREAKPOINT`` (read when
+#: ``breakpoint()`` is called). Without them a driver that imported scikit-learn (Bayesian
+#: optimisation, the digits loader), ran an SB3 learner or started Ray would get fresh ranks
+#: for the rest of its life.
 IMPORT_ENV_EXEMPT = frozenset(
-    {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR"}
+    {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR", "PYTHONBREAKPOINT"}
 )
 #: ``/proc/PID/comm`` of a forked rank (15 bytes at most)
 RANK_COMM = "commgym-rank"
@@ -268,6 +270,18 @@ def _launcher() -> _Launcher | None:
             with contextlib.suppress(OSError):
                 _LAUNCHER.append(_Launcher())
         return _LAUNCHER[0] if _LAUNCHER else None
+
+
+def close_launcher() -> None:
+    """End this process's launcher; the next launch starts another, in the environment then.
+
+    Agents it forked run on, as under Popen; the status of one still running when it ends is
+    reported as ``-1``. A driver whose environment changed in a variable read at import since
+    its launcher started (its agents then start fresh ranks) gets forked ranks again.
+    """
+    with _LAUNCHER_LOCK:
+        if _LAUNCHER:
+            _LAUNCHER.pop().close()
 
 
 def launcher_pid() -> int | None:

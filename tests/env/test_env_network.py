@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from commgym.env import AllReduceEnv
+from commgym.env import AllReduceEnv, launcher
 from commgym.env.cluster import Cluster, LaunchConfig
 from commgym.env.measure import effective_bandwidth_gbps
 from commgym.env.net import EmulatedNetwork, netem_available, tbf_burst_bytes
@@ -112,6 +112,9 @@ def test_schedule_change_mid_episode_shows_in_bandwidth():
 
 
 def test_two_rank_allreduce_matches_ring_model():
+    # a launcher started in this process's environment as it is now: the ones started earlier
+    # in the suite saw another (tests set variables), and their agents start fresh ranks
+    launcher.close_launcher()
     rate = 100e6
     net = EmulatedNetwork(2, "100mbit")
     cluster = Cluster(2, LaunchConfig(timeout_s=120), network=net)
