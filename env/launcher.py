@@ -55,11 +55,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ForkedAgent", "close_launcher", "launcher_pid", "pid_runs", "start_agent"]
+__all__ = [
+    "ForkedAgent",
+    "close_launcher",
+    "import_env",
+    "launcher_pid",
+    "pid_runs",
+    "start_agent",
+]
 
 #: how often the launcher reaps exited agents when no request arrives, seconds
 _REAP_EVERY_S = 0.05
@@ -385,20 +393,26 @@ def _forks_ranks(env: dict[str, str]) -> bool:
     after it starts) gets fresh interpreters. Other differences (``PYTEST_CURRENT_TEST``, a
     tag) reach a forked rank as they would a fresh one: torchrun sets its environment.
     """
-    cluster = sys.modules.get("commgym.env.cluster")  # imported with the worker
-    if not _START_ENV or WORKER_MODULE not in sys.modules or cluster is None:
+    if not _START_ENV or WORKER_MODULE not in sys.modules:
         return False
+    return import_env(_START_ENV) == import_env(env)
 
-    def read_at_import(e: dict[str, str]) -> dict[str, str]:
-        return {
-            k: v
-            for k, v in e.items()
-            if k.startswith(IMPORT_ENV_PREFIXES)
-            and k not in cluster.LAUNCH_KEYS
-            and k not in IMPORT_ENV_EXEMPT
-        }
 
-    return read_at_import(_START_ENV) == read_at_import(env)
+def import_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that an interpreter's start or an import may read.
+
+    Those named by :data:`IMPORT_ENV_PREFIXES`, less :data:`IMPORT_ENV_EXEMPT` and the
+    cluster's ``LAUNCH_KEYS`` (a rank reads them after it starts). Two processes whose
+    ``import_env`` agree import the same way: a fork of one is what a fresh interpreter in
+    the other's environment would be.
+    """
+    from commgym.env.cluster import LAUNCH_KEYS
+
+    return {
+        k: v
+        for k, v in env.items()
+        if k.startswith(IMPORT_ENV_PREFIXES) and k not in LAUNCH_KEYS and k not in IMPORT_ENV_EXEMPT
+    }
 
 
 def _fork_ranks(torchrun: Any) -> None:

@@ -1,4 +1,14 @@
-"""Run the ``commgym`` CLI in a subprocess, isolated from inherited MLflow settings."""
+"""Run the ``commgym`` CLI as a process of its own, isolated from inherited MLflow settings.
+
+A command's process is forked from one server that imported commgym, torch, MLflow and
+stable-baselines3 once (Python's ``forkserver``, :func:`console_script_context`), instead of
+paying those imports (2.5-5 s of CPU) in every command the suite runs; the process still
+gets its own argv, working folder, environment, output and exit status, and ends as an
+interpreter does (non-daemon threads joined, ``atexit`` handlers run). Where a command's
+environment differs from the server's in a variable read at interpreter start or import
+(:func:`commgym.env.launcher.import_env`, e.g. ``TRITON_INTERPRET``), it runs in a fresh
+interpreter instead, as it does where a test needs the process itself (signals, its tree).
+"""
 
 from __future__ import annotations
 
@@ -8,26 +18,157 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from typing import Any
 
-from commgym.env.launcher import RANK_COMM
+from commgym.env.launcher import RANK_COMM, import_env
+
+#: The module behind the ``commgym`` console script (``python -m`` runs it too).
+MODULE = "commgym.experiments.cli"
+
+#: What a ``commgym`` process imports before its command runs (preloaded once, see
+#: :func:`console_script_context`).
+PRELOAD = (
+    "commgym.experiments.cli",
+    "commgym.experiments.train",
+    "commgym.experiments.leaderboard",
+    "commgym.experiments.replay",
+    "commgym.experiments.collect",
+    "commgym.env.surrogate",
+    "mlflow",
+    "tests.experiments.cli_helpers",
+)
+
+#: ``"env"``: the server's environment when it started (what its imports read); empty before.
+_SERVER: dict[str, dict[str, str]] = {}
+
+
+def console_script_context() -> Any:
+    """A multiprocessing context whose processes fork from one server that imported commgym.
+
+    Python's ``forkserver``: a pristine interpreter started once (with this process's
+    environment and ``sys.path``) that imported :data:`PRELOAD` and runs no thread; each
+    process is a fork of it. The server is started here, so that its environment is known
+    (:func:`forked_like_fresh`).
+    """
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    if "env" not in _SERVER:
+        forkserver.ensure_running()
+        _SERVER["env"] = dict(os.environ)
+    return ctx
+
+
+def forked_like_fresh(env: dict[str, str]) -> bool:
+    """Whether a process forked from the server in ``env`` is what a fresh one would be:
+    the server's environment and ``env`` agree in every variable an import reads."""
+    return "env" in _SERVER and import_env(_SERVER["env"]) == import_env(env)
+
+
+def _become(cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """This forked process takes the folder, environment and output files of a command."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for path, fd in ((out, 1), (err, 2)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+
+
+def _end_as_interpreter(run) -> None:
+    """Run ``run()``, then end as an interpreter does: its exit status from ``SystemExit``,
+    non-daemon threads joined, ``atexit`` handlers run (a forked process otherwise leaves
+    them out; MLflow and commgym register some)."""
+    import atexit
+
+    code: Any = 0
+    try:
+        run()
+    except SystemExit as e:
+        code = e.code
+    finally:
+        threading._shutdown()  # what Py_FinalizeEx does before the atexit handlers
+        atexit._run_exitfuncs()
+    raise SystemExit(code)
+
+
+def run_console_script(words: list[str], cwd: str, env: dict[str, str], log: str) -> None:
+    """``commgym *words`` as the console script runs it, in a process of its own (forked).
+
+    The target of :func:`console_script_context`'s processes: the working folder, the
+    environment and argv of the command, stdout and stderr (file descriptors 1 and 2,
+    the ranks' output included) into ``log``, then ``commgym.experiments.cli:main`` (the
+    console script's entry point), whose ``SystemExit`` is the process's exit status.
+    """
+    with open(log, "wb"):
+        pass
+    _become(cwd, env, log, log)
+    sys.argv = ["commgym", *words]
+    from commgym.experiments.cli import main
+
+    _end_as_interpreter(main)
+
+
+def run_module(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """``python -m commgym.experiments.cli *args`` in a process of its own (forked): the
+    module runs as ``__main__`` with argv and ``sys.path[0]`` as ``-m`` sets them."""
+    import runpy
+
+    _become(cwd, env, out, err)
+    sys.path[0] = cwd
+    sys.argv = ["-m", *args]  # runpy puts the module's file first, as -m does
+    # -m runs the module's code as __main__ only (a preloaded copy under its own name is
+    # what -m would not have: runpy warns on stderr)
+    sys.modules.pop(MODULE, None)
+    _end_as_interpreter(lambda: runpy.run_module(MODULE, run_name="__main__", alter_sys=True))
 
 
 def cli(args: list[str], cwd, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
-    """``python -m commgym.experiments.cli *args`` in ``cwd``; never inherits an MLflow run."""
+    """``python -m commgym.experiments.cli *args`` in ``cwd``; never inherits an MLflow run.
+
+    Forked from the preloaded server (module docstring), or a fresh interpreter where the
+    environment's import-time variables differ from the server's.
+
+    Raises:
+        subprocess.TimeoutExpired: it ran past ``timeout_s`` (it is stopped: SIGTERM, then
+            SIGKILL), as :func:`subprocess.run` raises.
+    """
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("MLFLOW_RUN_ID", None)
-    return subprocess.run(
-        [sys.executable, "-m", "commgym.experiments.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
+    argv = [sys.executable, "-m", MODULE, *args]
+    ctx = console_script_context()
+    if not forked_like_fresh(env):
+        return subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s,
+            check=False,
+        )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="commgym-cli-") as tmp:
+        out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+        p = ctx.Process(target=run_module, args=(list(args), str(cwd), env, out, err))
+        p.start()
+        p.join(timeout_s)
+        if p.is_alive():
+            p.terminate()
+            p.join(30)
+            p.kill()
+            p.join()
+            raise subprocess.TimeoutExpired(argv, timeout_s, _read(out), _read(err))
+        return subprocess.CompletedProcess(argv, p.exitcode, _read(out), _read(err))
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
 
 
 def cli_ok(args: list[str], cwd, timeout_s: float = 600) -> str:

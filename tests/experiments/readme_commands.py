@@ -38,7 +38,6 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -597,55 +596,3 @@ def snippet(key: str) -> str:
     """The python block of README.md or docs/ containing ``key`` (a :data:`SNIPPETS` key)."""
     (code,) = [c for c in python_snippets() if key in c]
     return code
-
-
-def run_console_script(words: list[str], cwd: str, env: dict[str, str], log: str) -> None:
-    """``commgym *words`` as the console script runs it, in a fresh (forked) process.
-
-    The target of :func:`console_script_context`'s processes: the working folder, the
-    environment and argv of the command, stdout and stderr (file descriptors 1 and 2,
-    the ranks' output included) into ``log``, then ``commgym.experiments.cli:main`` (the
-    console script's entry point), whose ``SystemExit`` is the process's exit status.
-    """
-    import os
-    import sys
-
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    sys.argv = ["commgym", *words]
-    from commgym.experiments.cli import main
-
-    main()
-
-
-#: What a ``commgym`` process imports before its command runs (preloaded once, see below).
-PRELOAD = (
-    "commgym.experiments.cli",
-    "commgym.experiments.train",
-    "commgym.experiments.leaderboard",
-    "commgym.experiments.replay",
-    "commgym.experiments.collect",
-    "commgym.env.surrogate",
-    "mlflow",
-    "tests.experiments.readme_commands",
-)
-
-
-def console_script_context() -> Any:
-    """A multiprocessing context whose processes fork from one server that imported commgym.
-
-    Every README command gets a process of its own, forked from a pristine interpreter
-    that has imported torch, scikit-learn, stable-baselines3 and MLflow once (Python's
-    ``forkserver``; no thread runs there), instead of paying those imports (about 3.5 s
-    of CPU) per command.
-    """
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
-    return ctx

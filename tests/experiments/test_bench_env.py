@@ -162,12 +162,8 @@ def test_bench_env_on_an_emulated_link():
 
 
 def test_bench_env_refuses_an_unknown_network_before_launching(tmp_path):
-    import subprocess
-    import sys
+    from tests.experiments.cli_helpers import cli
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "commgym.experiments.cli", "bench", "env", "--network", "nosuch"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    proc = cli(["bench", "env", "--network", "nosuch"], tmp_path, 120)
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode != 0 and "nosuch" in out and "launching" not in out, out[-2000:]

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from mlflow import MlflowClient
 
+from tests.experiments.cli_helpers import cli
 from tests.experiments.cli_helpers import cli_ok as _run
 
 
@@ -87,22 +85,6 @@ def test_evaluate_saved_policy(trained):
 
 
 def test_bad_flags_fail_cleanly(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "commgym.experiments.cli",
-            "train",
-            "--config",
-            "smoke",
-            "--agent",
-            "ppoo",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = cli(["train", "--config", "smoke", "--agent", "ppoo"], tmp_path, 120)
     assert proc.returncode != 0
     assert "ppo" in (proc.stdout + proc.stderr)

@@ -28,7 +28,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.experiments.cli_helpers import alive, descendants, free_port, start_cli
+from tests.experiments.cli_helpers import (
+    alive,
+    console_script_context,
+    descendants,
+    free_port,
+    run_console_script,
+    start_cli,
+)
 from tests.experiments.readme_commands import (
     COMMANDS,
     IDENTITY,
@@ -39,12 +46,10 @@ from tests.experiments.readme_commands import (
     Run,
     RunBy,
     argv,
-    console_script_context,
     expand,
     help_commands,
     python_snippets,
     readme_commands,
-    run_console_script,
     snippet,
 )
 
@@ -116,7 +121,7 @@ class Lane:
     """A working folder whose README commands run one after another.
 
     ``commgym`` commands run as processes forked from a server that imported commgym once
-    (:func:`~tests.experiments.readme_commands.console_script_context`), each through the
+    (:func:`~tests.experiments.cli_helpers.console_script_context`), each through the
     console script's entry point with its own argv, folder, environment and output; other
     programs (``torchrun``) run as subprocesses of this interpreter.
     """
