@@ -50,11 +50,6 @@ __all__ = ["Cluster", "LaunchConfig", "scratch_dir"]
 
 #: c10d rendezvous port inside rank 0's private network namespace (no other user).
 _RDZV_PORT = 29400
-#: The variables a launch sets for its ranks over the driver's environment: their control
-#: key, scratch folder (``TMPDIR``) and thread count. A rank reads them only after it starts,
-#: so ranks forked from a process that imported the worker in another environment
-#: (:mod:`commgym.env.launcher`) still get them.
-LAUNCH_KEYS = frozenset({"TMPDIR", "COMMGYM_AUTHKEY", "OMP_NUM_THREADS"})
 
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
@@ -306,7 +301,7 @@ class Cluster:
             self._log_path = log
             env = dict(os.environ)
             env.update(self.extra_env)
-            launch_vars = {  # LAUNCH_KEYS
+            launch_vars = {  # commgym.env.launcher.LAUNCH_KEYS
                 "TMPDIR": str(self._scratch),
                 "COMMGYM_AUTHKEY": self._authkey.hex(),
                 # read by the OpenMP runtime when a fresh rank starts, before any message

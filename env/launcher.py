@@ -101,6 +101,11 @@ IMPORT_ENV_PREFIXES = (
 IMPORT_ENV_EXEMPT = frozenset(
     {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR", "PYTHONBREAKPOINT"}
 )
+#: The variables a cluster's launch sets for its ranks over the driver's environment: their
+#: control key, scratch folder (``TMPDIR``) and thread count (:mod:`commgym.env.cluster`). A
+#: rank reads them only after it starts, so ranks forked from a process that imported the
+#: worker in another environment still get them.
+LAUNCH_KEYS = frozenset({"TMPDIR", "COMMGYM_AUTHKEY", "OMP_NUM_THREADS"})
 #: ``/proc/PID/comm`` of a forked rank (15 bytes at most)
 RANK_COMM = "commgym-rank"
 
@@ -389,7 +394,7 @@ def _forks_ranks(env: dict[str, str]) -> bool:
 
     The launcher imported the worker with its own environment; a launch whose environment
     differs from it in a variable that the interpreter's start or an import reads
-    (:data:`IMPORT_ENV_PREFIXES`; the cluster's ``LAUNCH_KEYS`` aside, which a rank reads
+    (:data:`IMPORT_ENV_PREFIXES`; :data:`LAUNCH_KEYS` aside, which a rank reads
     after it starts) gets fresh interpreters. Other differences (``PYTEST_CURRENT_TEST``, a
     tag) reach a forked rank as they would a fresh one: torchrun sets its environment.
     """
@@ -402,12 +407,10 @@ def import_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``env`` that an interpreter's start or an import may read.
 
     Those named by :data:`IMPORT_ENV_PREFIXES`, less :data:`IMPORT_ENV_EXEMPT` and the
-    cluster's ``LAUNCH_KEYS`` (a rank reads them after it starts). Two processes whose
+    :data:`LAUNCH_KEYS` (a rank reads them after it starts). Two processes whose
     ``import_env`` agree import the same way: a fork of one is what a fresh interpreter in
     the other's environment would be.
     """
-    from commgym.env.cluster import LAUNCH_KEYS
-
     return {
         k: v
         for k, v in env.items()
