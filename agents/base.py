@@ -210,7 +210,11 @@ def read_policy_json(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"policy file {path} does not exist")
+        raise FileNotFoundError(
+            f"policy file {path} does not exist: `commgym train` saves one as "
+            "<output-dir>/policy.zip (commgym-out/policy.zip by default); a static preset "
+            "such as 'static:ddp-default' or 'static:int8/4MB/H1' needs no file"
+        )
     if not zipfile.is_zipfile(path):
         raise ValueError(f"{path} is not a zip file (commgym policy files are zips)")
     with zipfile.ZipFile(path) as zf:

@@ -620,6 +620,17 @@ class GradientSynchronizer:
             st.started = True
             return
         if st.ready[index]:
+            seen = st.versions.get(index)
+            if seen is not None and param._version != seen[0]:
+                # the parameter moved since its last backward: an optimizer step ran on
+                # this rank's own gradient, the usual slip, not gradient accumulation
+                raise RuntimeError(
+                    "synchronize() was not called after the last backward(), and "
+                    "optimizer.step() (or another in-place update) then ran on this rank's "
+                    "local gradients: replicas now differ; call synchronize() (or the "
+                    "CommScheduler's step()) after every backward() and before "
+                    "optimizer.step(), on every rank"
+                )
             raise RuntimeError(
                 f"gradient of parameter {index} was accumulated twice before synchronize(); "
                 "call synchronize() after every backward, or run all but the last "

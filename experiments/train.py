@@ -99,6 +99,14 @@ def train(cfg: RunConfig, env: gym.Env | None = None) -> dict[str, list[Episode]
             if surrogate is not None:
                 surrogate.close()
     console.print(f"figures and CSVs: [bold]{out}/[/bold] (comparison.png, loss-curves.png, ...)")
+    policy = out / "policy.zip"
+    if policy.is_file():  # what to do with it (docs/replay.md)
+        ec = cfg.env_config
+        console.print(
+            f"next: run [bold]{policy}[/bold] beside the static baselines with `commgym replay "
+            f"--policy {policy} --workload {ec.workload} --world-size {ec.world_size}`, or "
+            "steer your own torchrun job with it (CommScheduler: docs/replay.md)"
+        )
     announce(tracker)
     return results
 

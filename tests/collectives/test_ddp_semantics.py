@@ -230,6 +230,19 @@ def rank_misuse(rank, world):
     out["second_backward"] = _raises(lambda: _step(model, rank, 1), RuntimeError, "no_sync()")
     sync._drain()
 
+    # synchronize() forgotten: optimizer.step() on local gradients, then the next backward
+    # says so (not "accumulate with no_sync()", the other cause of a second backward)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sync = GradientSynchronizer(model, CommConfig("none"))
+    _step(model, rank)
+    opt.step()
+    opt.zero_grad()
+    out["forgot_synchronize"] = _raises(
+        lambda: _step(model, rank, 1), RuntimeError, "synchronize() was not called"
+    )
+    sync._drain()
+
     # seeds, configurations, models or reconfigurations that differ across ranks
     out["seed"] = _raises(
         lambda: GradientSynchronizer(mlp(), CommConfig("randomk:0.1"), seed=rank),

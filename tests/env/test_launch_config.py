@@ -177,8 +177,9 @@ def test_no_setting_is_read_from_commgym_variables_but_the_key():
         found.update(_commgym_variables(ROOT / package))
     names = {name for names in found.values() for name in names}
     assert names == {"COMMGYM_AUTHKEY"}, found
-    # the key is written by the launcher and read by the rank, nowhere else
-    assert sorted(found) == ["env/cluster.py", "env/worker.py"], found
+    # the key is written by the cluster's launch and read by the rank, nowhere else (the
+    # launcher names it among the variables a rank reads after it starts: LAUNCH_KEYS)
+    assert sorted(found) == ["env/cluster.py", "env/launcher.py", "env/worker.py"], found
 
 
 def test_a_killed_processs_scratch_folder_is_removed_by_the_next_one():

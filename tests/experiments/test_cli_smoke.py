@@ -23,6 +23,11 @@ def test_train_prints_table_and_ui_command(trained):
     tmp, uri, out = trained
     assert "static:ddp-default" in out and "static:fp16-dense" in out and "ppo (learned)" in out
     assert uri in out and "mlflow ui --backend-store-uri" in out
+    # what to do with the policy next (a newcomer's trial found nothing pointing there)
+    policy = tmp / "out" / "policy.zip"
+    assert f"commgym replay --policy {policy} --workload mlp-digits --world-size 2" in " ".join(
+        out.split()
+    )
     assert (tmp / "out" / "policy.zip").exists()
     assert (tmp / "out" / "comparison.png").stat().st_size > 1000
 
