@@ -41,8 +41,9 @@ PRELOAD = (
     "tests.experiments.cli_helpers",
 )
 
-#: ``"env"``: the server's environment when it started (what its imports read); empty before.
-_SERVER: dict[str, dict[str, str]] = {}
+#: The server this module started: ``"pid"`` and ``"env"`` (its environment when it started,
+#: what its imports read); empty before.
+_SERVER: dict[str, Any] = {}
 
 
 def console_script_context() -> Any:
@@ -52,15 +53,23 @@ def console_script_context() -> Any:
     environment and ``sys.path``) that imported :data:`PRELOAD` and runs no thread; each
     process is a fork of it. The server is started here, so that its environment is known
     (:func:`forked_like_fresh`).
+
+    The forkserver is one per process: a server another library started first imported
+    nothing of ours (stable-baselines3's ``SubprocVecEnv`` starts it with the default
+    preload, ``__main__`` only; in a full run every command then paid its imports, found
+    from the process table). Such a server is stopped, and ours started, here.
     """
     import multiprocessing
     from multiprocessing import forkserver
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
-    if "env" not in _SERVER:
+    server = forkserver._forkserver  # the process's one server (no public handle)
+    if _SERVER.get("pid") is None or server._forkserver_pid != _SERVER["pid"]:
+        # not ours (another library's, or none): the children it forked live on without it
+        server._stop()
+        ctx.set_forkserver_preload(list(PRELOAD))
         forkserver.ensure_running()
-        _SERVER["env"] = dict(os.environ)
+        _SERVER.update(pid=server._forkserver_pid, env=dict(os.environ))
     return ctx
 
 
