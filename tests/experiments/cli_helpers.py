@@ -115,7 +115,7 @@ def run_console_script(words: list[str], cwd: str, env: dict[str, str], log: str
     the ranks' output included) into ``log``, then ``commgym.experiments.cli:main`` (the
     console script's entry point), whose ``SystemExit`` is the process's exit status.
     """
-    with open(log, "wb"):
+    with open(log, "wb"):  # empty it: stdout and stderr then both append to it
         pass
     _become(cwd, env, log, log)
     sys.argv = ["commgym", *words]
