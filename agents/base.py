@@ -144,9 +144,9 @@ def training_facts(env: gym.Env) -> dict[str, Any] | None:
 
     Returns:
         ``{"num_params": int | None, "steps_per_decision": int | None, "time_budget_s":
-        float | None, "probe_bytes": int, "privileged_obs": bool}`` (the budget is the one
-        the observation's ``elapsed_frac`` was measured against, seconds of training), or
-        ``None`` when ``env`` runs no job (e.g. a :class:`LayoutEnv`).
+        float | None, "probe_bytes": int, "probe_at": str, "privileged_obs": bool}`` (the
+        budget is the one the observation's ``elapsed_frac`` was measured against, seconds
+        of training), or ``None`` when ``env`` runs no job (e.g. a :class:`LayoutEnv`).
     """
     base = getattr(env, "unwrapped", env)
     cfg = getattr(base, "config", None)
@@ -161,6 +161,7 @@ def training_facts(env: gym.Env) -> dict[str, Any] | None:
         "steps_per_decision": steps if isinstance(steps, int) else None,
         "time_budget_s": float(budget) if isinstance(budget, int | float) else None,
         "probe_bytes": probe if isinstance(probe, int) else 0,
+        "probe_at": str(getattr(cfg, "probe_at", "decision")),
         "privileged_obs": getattr(cfg, "privileged_obs", False) is True,
     }
 

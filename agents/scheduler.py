@@ -83,6 +83,7 @@ from commgym.collectives.amp import FOUND_INF_BYTES, agree_found_inf
 from commgym.collectives.checks import check_int
 from commgym.collectives.ddp_sync import DDPHookSynchronizer
 from commgym.collectives.stats import StepStats
+from commgym.env.config import PROBE_AT
 from commgym.env.measure import (
     RANK_FIELDS,
     DecisionMeasurement,
@@ -91,7 +92,7 @@ from commgym.env.measure import (
     RankMeasurement,
     combine_eval,
 )
-from commgym.env.spaces import ActionMenu, ObservationBuilder
+from commgym.env.spaces import ActionMenu, ObservationBuilder, probe_gbps
 
 __all__ = [
     "EXCHANGED_FIELDS",
@@ -350,12 +351,16 @@ class CommScheduler:
         probe_bytes: size of the probe all-reduce timed at every decision's end, B (the
             env's ``probe_bytes``; its time counts as training time). None: what the
             policy was trained with (its file's ``trained_on``; 0, no probe, if unknown).
+        probe_at: when that probe runs, as the env's ``probe_at``: ``"decision"`` (every
+            decision's end) or ``"reset"`` (once, at construction: the first observation
+            reads it and the training clock starts at its time). None: what the policy
+            was trained with (``"decision"`` if unknown).
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
         ValueError: invalid ``decision_every`` / ``time_budget_s`` / ``initial_config`` /
-            ``probe_bytes``, or a policy saved for another action menu or observation
-            layout.
+            ``probe_bytes`` / ``probe_at``, or a policy saved for another action menu or
+            observation layout.
     """
 
     def __init__(
@@ -376,6 +381,7 @@ class CommScheduler:
         deterministic: bool = True,
         timeout_s: float | None = None,
         probe_bytes: int | None = None,
+        probe_at: str | None = None,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
@@ -430,7 +436,10 @@ class CommScheduler:
         num_params = sum(p.numel() for p in params if p.requires_grad)
         if probe_bytes is not None:
             check_int("probe_bytes", probe_bytes, 0, note=" (0: no probe)")
+        if probe_at is not None and probe_at not in PROBE_AT:
+            raise ValueError(f"probe_at must be one of {list(PROBE_AT)}, got {probe_at!r}")
         err, start, mismatch, no_state, probe = "", None, [], "", probe_bytes or 0
+        at = probe_at or "decision"
         if self.rank == 0:
             try:
                 self.policy = resolve_policy(policy, self.menu, seed=seed)
@@ -449,6 +458,8 @@ class CommScheduler:
                 trained = getattr(self.policy, "trained_on", None) or {}
                 if probe_bytes is None:
                     probe = int(trained.get("probe_bytes") or 0)
+                if probe_at is None and trained.get("probe_at") in PROBE_AT:
+                    at = str(trained["probe_at"])
                 if trained.get("privileged_obs"):
                     mismatch.append(
                         "it was trained with the privileged condition fields "
@@ -458,15 +469,21 @@ class CommScheduler:
                     self.policy.get_state()
                 except NotImplementedError as exc:
                     no_state = str(exc)
-        box = [err, start, no_state, probe]
+        box = [err, start, no_state, probe, at]
         dist.broadcast_object_list(box, src=self._src, group=group, device=self._device)
-        #: size of the probe all-reduce at every decision's end, B (0: none)
+        #: size of the probe all-reduce, B (0: none)
         self.probe_bytes: int = int(box[3])
+        #: when it runs: at every decision's end or once, at construction (``probe_at``)
+        self.probe_at: str = str(box[4])
+        self._decision_probe_bytes = self.probe_bytes if self.probe_at == "decision" else 0
         self._link_probe = LinkProbe(self._device, group)
         if box[0]:
             raise ValueError(f"CommScheduler cannot use policy {self._policy_name!r}: {box[0]}")
         if box[1] is not None:  # a static preset is in force from the first step
             self._action = np.array(box[1], dtype=np.int64)
+        # as in the env, the policy chooses the first decision's entry from the reset
+        # observation (unless the caller set the start or a static preset is in force)
+        ask_first = initial_config is None and box[1] is None
         self._no_policy_state: str = box[2]
         if mismatch:
             warnings.warn(
@@ -519,7 +536,29 @@ class CommScheduler:
             eval_loss = combine_eval(per_rank)[0]
         self._t_mark = None  # eval_fn's forward is not the first iteration
         self.initial_eval_loss = eval_loss
-        self.observation = self.builder.reset(eval_loss, self._action)
+        reset_probe_gbps = 0.0
+        if self.probe_at == "reset" and self.probe_bytes:
+            # the env's reset probe: the clock starts at the slowest rank's time, the
+            # observation reads the fastest rank's (as a decision's probe is counted)
+            mine = torch.tensor(
+                [self._link_probe(self.probe_bytes)], dtype=torch.float64, device=self._device
+            )
+            times = [torch.empty_like(mine) for _ in range(self.world_size)]
+            dist.all_gather(times, mine, group=self.group)
+            secs = [float(t) for t in times]
+            self._train_time_s = max(secs)
+            reset_probe_gbps = probe_gbps(self.probe_bytes, min(secs), self.world_size)
+        self.observation = self.builder.reset(eval_loss, self._action, probe_gbps=reset_probe_gbps)
+        if ask_first:
+            try:
+                action, _ = self._ask_policy(self.observation)
+            except BaseException:
+                self._detach()  # every rank raises here: the model is left as it was given
+                raise
+            r0 = time.perf_counter()
+            self.sync.reconfigure(self.menu.decode(action))
+            self._pending_s = time.perf_counter() - r0  # counted in the first window
+            self._action = action
         if self.run is not None:
             self.run.log_params(
                 {
@@ -787,10 +826,7 @@ class CommScheduler:
         if self._closed:
             return
         self.sync.consensus()
-        self._unclosed.detach()
-        self._hook.remove()
-        self.sync.remove_hooks()
-        self._closed = True
+        self._detach()
         if self.run is not None:
             self.run.log_dict(
                 {
@@ -808,6 +844,13 @@ class CommScheduler:
             )
 
     # -- internals -----------------------------------------------------------------------
+    def _detach(self) -> None:
+        """Remove every hook from the model and mark the scheduler closed (no collective)."""
+        self._unclosed.detach()
+        self._hook.remove()
+        self.sync.remove_hooks()
+        self._closed = True
+
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
         if self._t_mark is None:  # the first iteration's clock starts at its forward
             self._t_mark = time.perf_counter()
@@ -844,7 +887,7 @@ class CommScheduler:
             train_loss=train_loss,
             check_eval=self.eval_fn is not None,
             probe_s=probe_s,
-            probe_bytes=self.probe_bytes,
+            probe_bytes=self._decision_probe_bytes,
         )
 
     def _exchange(self, local: RankMeasurement | dict[str, Any]) -> list[RankMeasurement]:
@@ -878,12 +921,48 @@ class CommScheduler:
         t0 = time.perf_counter()
         cons = self.sync.consensus()  # one consensus model per decision, as in the env
         consensus_s = time.perf_counter() - t0
-        probe_s = self._link_probe(self.probe_bytes)  # after the last collective, as the env
+        # after the last collective, as the env
+        probe_s = self._link_probe(self._decision_probe_bytes)
         local = self._measure(consensus_s, cons.comm_s, cons.bytes_sent, probe_s)
         m, obs = self._observe(self._exchange(local))
         self.observation = obs
         prev_action = self._action
         prev_config = str(self.config)
+        action, policy_s = self._ask_policy(obs)
+        config = self.menu.decode(action)
+        r0 = time.perf_counter()
+        self.sync.reconfigure(config)  # every rank, same step (may average replicas)
+        self._pending_s = time.perf_counter() - r0
+        self._action = action
+        rec = DecisionRecord(
+            decision=len(self.records) + 1,
+            optimizer_step=self.optimizer_steps,
+            previous_config=prev_config,
+            config=str(config),
+            action=(int(action[0]), int(action[1]), int(action[2])),
+            changed=not np.array_equal(action, prev_action),
+            observation=tuple(float(x) for x in obs),
+            measured=m,
+            train_time_s=self._train_time_s,
+            elapsed_frac=float(m["elapsed_frac"]),
+            policy_s=policy_s,
+            decision_s=time.perf_counter() - t0 - local.eval_s,
+            eval_s=local.eval_s,
+            diverged=bool(m["nonfinite"]),
+        )
+        self.records.append(rec)
+        self._reset_window()
+        if self.run is not None:
+            self._log(rec)
+        if self.callback is not None:
+            self.callback(rec)
+
+    def _ask_policy(self, obs: np.ndarray) -> tuple[np.ndarray, float]:
+        """Rank 0's policy answer for ``obs``, broadcast: ``(menu indices, predict seconds)``.
+
+        Raises (on every rank): the policy's own error on rank 0 (a RuntimeError naming it
+        elsewhere), or RuntimeError for an action outside the menu.
+        """
         msg = torch.full((4,), -1.0, dtype=torch.float64)
         failure: BaseException | None = None
         if self.rank == 0:
@@ -920,34 +999,7 @@ class CommScheduler:
                 f"policy {self._policy_name!r} answered an action outside the menu "
                 f"(valid index ranges {self.menu.nvec.tolist()})"
             )
-        action = np.array([int(v) for v in vals[:3]], dtype=np.int64)
-        config = self.menu.decode(action)
-        r0 = time.perf_counter()
-        self.sync.reconfigure(config)  # every rank, same step (may average replicas)
-        self._pending_s = time.perf_counter() - r0
-        self._action = action
-        rec = DecisionRecord(
-            decision=len(self.records) + 1,
-            optimizer_step=self.optimizer_steps,
-            previous_config=prev_config,
-            config=str(config),
-            action=(int(action[0]), int(action[1]), int(action[2])),
-            changed=not np.array_equal(action, prev_action),
-            observation=tuple(float(x) for x in obs),
-            measured=m,
-            train_time_s=self._train_time_s,
-            elapsed_frac=float(m["elapsed_frac"]),
-            policy_s=float(vals[3]),
-            decision_s=time.perf_counter() - t0 - local.eval_s,
-            eval_s=local.eval_s,
-            diverged=bool(m["nonfinite"]),
-        )
-        self.records.append(rec)
-        self._reset_window()
-        if self.run is not None:
-            self._log(rec)
-        if self.callback is not None:
-            self.callback(rec)
+        return np.array([int(v) for v in vals[:3]], dtype=np.int64), float(vals[3])
 
     def _log(self, rec: DecisionRecord) -> None:
         m = rec.measured

@@ -22,6 +22,7 @@ from commgym.env.spaces import (
     REWARDS,
     ObservationBuilder,
     decision_outcome,
+    probe_gbps,
     reset_probe_option,
 )
 
@@ -88,14 +89,19 @@ class AllReduceEnv(gym.Env):
     ``bytes * 2(W-1)/W * 8 / t`` of the fastest rank's time (0 without a probe). An
     episode reset with ``options={"probe": False}`` (the rollout's, for a player whose
     ``reads_probe`` is False: static entries, the oracles, heuristics that never read the
-    field) runs no probe and reads 0 there, unless ``probe_for_all``. Indices
-    18-19 reveal the configured conditions only with ``privileged_obs=True`` (an ablation;
-    an unshaped link counts as 100 Gbit/s), else they are 0.
+    field) runs no probe and reads 0 there, unless ``probe_for_all``. With
+    ``probe_at="reset"`` the probe runs once instead, right after the reset on the
+    episode's first link: the reset observation's field 17 reads it, the decisions' read 0,
+    and the episode's training clock (``info["train_time_s"]``, which the reset's info
+    carries too) starts at its time (the slowest rank's, as a decision's probe counts).
+    Indices 18-19 reveal the configured conditions only with ``privileged_obs=True`` (an
+    ablation; an unshaped link counts as 100 Gbit/s), else they are 0.
 
-    The reset observation holds no timings (indices 0-4, 7-10 and 17-19 are 0), so
-    ``reset(seed=s)`` twice gives identical observations. Step observations contain
-    measured wall times, so the env is registered ``nondeterministic=True``; with
-    deterministic compressors the losses of a seed and action sequence are reproducible.
+    The reset observation holds no timings (indices 0-4, 7-10 and 18-19 are 0; 17 too unless
+    ``probe_at="reset"``), so ``reset(seed=s)`` twice gives identical observations (without
+    that probe). Step observations contain measured wall times, so the env is registered
+    ``nondeterministic=True``; with deterministic compressors the losses of a seed and action
+    sequence are reproducible.
 
     **Reward** (``reward=``), per decision, with ``L`` the held-out loss of the consensus
     model (local-SGD replicas are averaged at every decision boundary; that cost counts):
@@ -131,7 +137,8 @@ class AllReduceEnv(gym.Env):
     compressed average it followed); new options ``shards``, ``stragglers``,
     ``probe_bytes``, ``privileged_obs``; forking (:meth:`snapshot`/:meth:`restore`); the
     reset option ``probe`` (players that do not read the probe do not run it;
-    ``probe_for_all`` restores the earlier charge to every player).
+    ``probe_for_all`` restores the earlier charge to every player); later, the option
+    ``probe_at`` (a probe once per episode, after the reset).
 
     Args:
         config: an :class:`EnvConfig`; or pass its fields as keyword arguments.
@@ -282,22 +289,37 @@ class AllReduceEnv(gym.Env):
         if self._net is not None:
             self._set_network(first_spec)
         self._set_cross_traffic(self._crossing.value_at(0.0))
+        # probe_at="reset": one probe on the episode's first link, charged to its clock
+        # as a decision's probe is (the slowest rank's time), read from the fastest rank's
+        probe_s = probe_charge_s = 0.0
+        if self._probe_bytes and cfg.probe_at == "reset":
+            times = [
+                float(r["probe_s"])
+                for r in cluster.command({"cmd": "probe", "probe_bytes": self._probe_bytes})
+            ]
+            probe_s, probe_charge_s = min(times), max(times)
         self.last_reset_s = time.perf_counter() - t0
         r0 = replies[0]
         self._num_params = int(r0["num_params"])
         self._obs.num_params = self._num_params
         eval_loss, eval_acc = combine_eval(replies)
         self._eval_loss = eval_loss
-        self._train_time_s = 0.0
+        self._train_time_s = probe_charge_s
         self._decisions = 0
         self._episode_seed = episode_seed
         self._stragglers = cfg.straggler_condition.for_episode(episode_seed)
         self._env_snapshots.clear()  # the ranks dropped theirs at reset
         self._needs_reset = False
-        obs = self._obs.reset(self._eval_loss, self._action)
+        obs = self._obs.reset(
+            self._eval_loss,
+            self._action,
+            probe_gbps=probe_gbps(self._probe_bytes, probe_s, cfg.world_size),
+        )
         self._last_obs = obs
         info = {
             "episode_seed": episode_seed,
+            "train_time_s": self._train_time_s,
+            "probe_s": probe_s,
             "eval_loss": self._eval_loss,
             "eval_acc": eval_acc,
             "num_params": self._num_params,
@@ -335,7 +357,7 @@ class AllReduceEnv(gym.Env):
             # only what this decision needs (the worker's defaults: no jitter, no probe)
             if straggler.active:
                 msg["straggler"] = straggler.to_message()
-            if self._probe_bytes:
+            if self._probe_bytes and cfg.probe_at == "decision":
                 msg["probe_bytes"] = self._probe_bytes
             replies = self._cluster.command(msg)  # type: ignore[union-attr]
         except CommgymError as err:

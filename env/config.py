@@ -18,7 +18,11 @@ from commgym.env.net.cross_traffic import CrossTrafficSpec
 from commgym.env.net.plan import NetworkPlan
 from commgym.env.spaces import REWARDS, ActionMenu
 
-__all__ = ["EnvConfig"]
+__all__ = ["PROBE_AT", "EnvConfig"]
+
+#: When the probe all-reduce runs (``EnvConfig.probe_at``): after every decision, or once
+#: after each reset.
+PROBE_AT = ("decision", "reset")
 
 
 @dataclass
@@ -76,6 +80,13 @@ class EnvConfig:
             episode with ``options={"probe": agent.reads_probe}``, so static entries,
             the oracles' re-runs and baselines that ignore the field pay nothing for an
             observation they never make (``reset`` without that option: probe on).
+        probe_at: when the probe runs (:data:`PROBE_AT`): ``"decision"``, at the end of
+            every decision (the field reads the link as it is now); ``"reset"``, once per
+            episode, right after ``reset`` on the episode's first link: the episode's
+            training clock starts at its time, the reset observation carries it and the
+            decisions read 0 there. One probe lets a policy choose its first entry for the
+            link it is on, without paying the probe at every decision (64 KiB cost ~80 ms
+            a decision at 10 Mbit/s); a link that changes later is not seen by it.
         probe_for_all: run the probe at every decision whatever the player (the option
             ``probe=False`` is ignored): how figures were measured before static players
             became probe-free, kept for comparisons with them.
@@ -111,6 +122,7 @@ class EnvConfig:
     stragglers: str | list[Any] | dict[str, Any] | None = None
     cross_traffic: str | list[Any] | dict[str, Any] | None = None
     probe_bytes: int = 0
+    probe_at: str = "decision"
     probe_for_all: bool = False
     privileged_obs: bool = False
     menu: ActionMenu = field(init=False, repr=False)
@@ -130,6 +142,8 @@ class EnvConfig:
             raise ValueError(
                 f"probe_bytes must be an integer in [0, 2**30], got {self.probe_bytes!r}"
             )
+        if self.probe_at not in PROBE_AT:
+            raise ValueError(f"probe_at must be one of {list(PROBE_AT)}, got {self.probe_at!r}")
         for name in ("privileged_obs", "probe_for_all"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")

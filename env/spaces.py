@@ -364,14 +364,22 @@ class ObservationBuilder:
             "log10_num_params": math.log10(max(self.num_params, 1)),
         }
 
-    def reset(self, eval_loss: float, action: np.ndarray) -> np.ndarray:
-        """Observation at episode start: no timings, only deterministic quantities."""
+    def reset(self, eval_loss: float, action: np.ndarray, *, probe_gbps: float = 0.0) -> np.ndarray:
+        """Observation at episode start: no timings, only deterministic quantities.
+
+        Args:
+            eval_loss: the held-out loss of the initial model.
+            action: the menu indices in force (the default action).
+            probe_gbps: the probe all-reduce's bus bandwidth measured right after the
+                reset (``probe_at="reset"``), Gbit/s; 0: no probe ran.
+        """
         self.prev_eval_loss = eval_loss
         self.prev_grad_norm = float("nan")
         values = dict.fromkeys(_FIELD_NAMES, 0.0)
         values.update(train_loss=eval_loss, eval_loss=eval_loss)
         values.update(self._action_part(action))
         values.update(self._static())
+        values["log10_probe_gbps"] = _log10_or_0(probe_gbps)
         return self._finish(values)
 
     def build(

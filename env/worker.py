@@ -268,6 +268,14 @@ class RankRunner:
             "handler_s": time.perf_counter() - t_handler,
         }
 
+    def probe(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Time one probe all-reduce of ``msg["probe_bytes"]`` B (``probe_at="reset"``).
+
+        Returns:
+            ``{"type": "probe", "probe_s": this rank's wall time of it, s}``.
+        """
+        return {"type": "probe", "probe_s": self._probe(int(msg["probe_bytes"]))}
+
     def snapshot(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Copy the episode's state under ``msg["key"]`` (in memory, on this rank).
 
@@ -388,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {
         "reset": runner.reset,
         "step": runner.step,
+        "probe": runner.probe,
         "snapshot": runner.snapshot,
         "restore": runner.restore,
         "drop": runner.drop,

@@ -579,6 +579,11 @@ CLI_FIELDS: dict[str, CliField] = {
         "observation's link estimate (its time counts as training; 0: none).",
         min=0,
     ),
+    "env.probe_at": CliField(
+        "When the probe runs: decision (at the end of every decision) or reset (once per "
+        "episode, after the reset: the first decision sees the link without a probe at "
+        "every decision).",
+    ),
     "env.probe_for_all": CliField(
         "Run the probe at every decision of every player, as figures were measured before "
         "static players and the oracles became probe-free (default: only players that "

@@ -17,6 +17,7 @@ from commgym.env.schedule import episode_seed as draw_episode_seed
 from commgym.env.sim.calibration import Calibration
 from commgym.env.sim.model import SimModel
 from commgym.env.spaces import REWARDS, ObservationBuilder, decision_outcome
+from commgym.env.spaces import probe_gbps as spaces_probe_gbps
 
 __all__ = ["SimEnv", "episode_conditions"]
 
@@ -61,7 +62,8 @@ class SimEnv(gym.Env):
     env, the link applies from the first decision that starts at or after a switch, and
     ``info["condition"]`` carries the real env's label. The probe all-reduce runs as in the
     real env (``probe_bytes``; a reset with ``options={"probe": False}`` runs none unless
-    ``probe_for_all``), priced by the wire model. Deterministic by default: no noise is
+    ``probe_for_all``; once after the reset with ``probe_at="reset"``), priced by the wire
+    model. Deterministic by default: no noise is
     added (the fidelity gates measure the error instead; ``commgym bench sim``).
 
     **Timing randomisation** (off by default; set by
@@ -157,6 +159,9 @@ class SimEnv(gym.Env):
         self._probe_bytes = (
             cfg.probe_bytes if (probe or getattr(cfg, "probe_for_all", False)) else 0
         )
+        # the probe each decision runs (probe_at="reset": one after the reset instead)
+        at_reset = cfg.probe_at == "reset"
+        self._decision_probe_bytes = 0 if at_reset else self._probe_bytes
         episode_seed = draw_episode_seed(self.np_random)
         self._episode_seed = episode_seed
         self._schedule, self._stragglers, self._crossing = episode_conditions(cfg, episode_seed)
@@ -168,14 +173,21 @@ class SimEnv(gym.Env):
         self._prev_k = -1
         self._switched = False  # the last decision switched entries
         self._train_time_s = 0.0
+        probe_gbps = 0.0
+        if at_reset and self._probe_bytes:
+            # as the real env: one probe on the first link, the clock starts at its time
+            probe_s = self._noisy_probe_s(self.model.probe_s(self._probe_bytes, self._rate))
+            self._train_time_s = probe_s
+            probe_gbps = spaces_probe_gbps(self._probe_bytes, probe_s, cfg.world_size)
         self._decisions = 0
         self._needs_reset = False
-        obs = self._obs.reset(self._eval_loss, self._action)
+        obs = self._obs.reset(self._eval_loss, self._action, probe_gbps=probe_gbps)
         self._last_obs = obs
         spec = None if self._schedule is None else self._schedule.spec_at(0.0)
         return obs, {
             "episode_seed": episode_seed,
             "eval_loss": self._eval_loss,
+            "train_time_s": self._train_time_s,
             "eval_acc": self.model.eval_acc(self._eval_loss),
             "num_params": self.calibration.num_params,
             "reset_s": 0.0,
@@ -193,7 +205,7 @@ class SimEnv(gym.Env):
         rate = None if spec is None else spec.rate_bit_s
         self._rate = rate
         self._timings = self.model.timings(rate)
-        self._probe_s = self.model.probe_s(self._probe_bytes, rate)
+        self._probe_s = self.model.probe_s(self._decision_probe_bytes, rate)
         self._next_switch = next((s for s in self._switches if s > t), math.inf)
 
     def step(self, action):  # noqa: D102
@@ -223,10 +235,7 @@ class SimEnv(gym.Env):
         if f != 1.0:  # scale the time off the wire only (the link's is the link's)
             wire = tm.rounds * tm.exchange_s
             train_s = max(tm.train_s - wire, 0.0) * f + wire
-        probe_s = self._probe_s
-        if self.probe_noise > 0.0 and probe_s > 0.0:
-            sd = self.probe_noise
-            probe_s *= math.exp(sd * float(self.np_random.standard_normal()) - 0.5 * sd * sd)
+        probe_s = self._noisy_probe_s(self._probe_s)
         train_t = train_s + extra + probe_s
         prev = self._eval_loss
         eval_loss = model.next_loss(k, prev, prev_k, self._switched)
@@ -252,7 +261,7 @@ class SimEnv(gym.Env):
             samples=self._samples,
             steps=steps,
             probe_s=probe_s,
-            probe_bytes=self._probe_bytes,
+            probe_bytes=self._decision_probe_bytes,
         )
         info_cond = self._label
         self._prev_k = k
@@ -294,6 +303,13 @@ class SimEnv(gym.Env):
             info["network"] = self._spec_str
         return obs, float(reward), terminated, truncated, info
 
+    def _noisy_probe_s(self, probe_s: float) -> float:
+        """``probe_s`` with :attr:`probe_noise`'s draw applied (unchanged when it is 0)."""
+        if self.probe_noise > 0.0 and probe_s > 0.0:
+            sd = self.probe_noise
+            probe_s *= math.exp(sd * float(self.np_random.standard_normal()) - 0.5 * sd * sd)
+        return probe_s
+
     def _revealed(self) -> dict[str, float]:
         if not self.config.privileged_obs:
             return {}
@@ -311,8 +327,11 @@ class SimEnv(gym.Env):
 
     @property
     def probe_bytes(self) -> int:
-        """Bytes of the probe all-reduce each decision of the running episode runs (0: none)."""
-        return self._probe_bytes
+        """Bytes of the probe all-reduce each decision of the running episode runs.
+
+        0: none, also with ``probe_at="reset"`` (its one probe ran at the reset).
+        """
+        return self._decision_probe_bytes
 
     @property
     def last_observation(self) -> np.ndarray:

@@ -103,6 +103,12 @@ class SurrogateEnv(gym.Env):
                 f"cross_traffic={config.cross_traffic!r}: the surrogate models the link rate "
                 "and stragglers, not competing flows; learn on real ranks (env_kind: real)"
             )
+        if config.probe_bytes and config.probe_at != "decision":
+            raise ValueError(
+                f"probe_at={config.probe_at!r}: the surrogate regresses recorded decisions, "
+                "whose probes ran at every decision's end (probe_at: decision); learn in the "
+                "simulator (env_kind: sim) or on real ranks (env_kind: real)"
+            )
         if config.menu.to_dict() != model.menu.to_dict():
             raise ValueError(
                 f"action menu {config.menu.to_dict()} differs from the surrogate's "

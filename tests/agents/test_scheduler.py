@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from commgym.agents import PPOAgent, StaticAgent
-from commgym.agents.base import LayoutEnv
+from commgym.agents.base import LayoutEnv, StepAgent
+from commgym.agents.baselines import resolve_preset
 from commgym.agents.scheduler import (
     EXCHANGED_FIELDS,
     CommScheduler,
@@ -487,3 +488,86 @@ def rank_bad_probe(rank, world):
 def test_a_negative_probe_is_refused_on_every_rank(dist2):
     for msg in dist2.run(rank_bad_probe):
         assert msg is not None and "probe_bytes must be an integer >= 0" in msg and "-1" in msg
+
+
+class _ProbeReader(StepAgent):
+    """Plays int8/4MB/H2 where the observation's probe field reads a link, else the
+    default; remembers every observation it was asked about."""
+
+    name = "probe-reader"
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.seen = []
+
+    def _act(self, obs, state, deterministic):
+        self.seen.append(np.asarray(obs).copy())
+        field = [f.name for f in OBSERVATION_FIELDS].index("log10_probe_gbps")
+        preset = "int8/4MB/H2" if obs[field] != 0.0 else "none/25MB/H1"
+        return self.menu.encode(resolve_preset(self.menu, preset)), state
+
+
+def rank_first_decision(rank, world, trained_on, initial_config):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = _ProbeReader(LayoutEnv(ActionMenu()))
+    policy.trained_on = trained_on
+    sched = CommScheduler(
+        model, opt, policy, decision_every=2, time_budget_s=1.0, initial_config=initial_config
+    )
+    start = {"config": str(sched.config), "clock": sched.train_time_s}
+    first_obs = sched.observation.tolist()
+    for _ in range(4):
+        model(torch.randn(4, 8)).sum().backward()
+        sched.step()
+        opt.zero_grad()
+    sched.close()
+    field = [f.name for f in OBSERVATION_FIELDS].index("log10_probe_gbps")
+    return {
+        **start,
+        "probe_at": sched.probe_at,
+        "asked": [o.tolist() for o in policy.seen] if rank == 0 else None,
+        "first_obs": first_obs,
+        "records": [
+            (r.previous_config, r.measured["probe_bytes"], r.observation[field])
+            for r in sched.records
+        ],
+        "params": [p.detach().clone() for p in model.parameters()],
+    }
+
+
+def test_the_policy_chooses_the_first_window_from_the_reset_observation(dist2):
+    """As in the env, where the first decision's entry is the policy's answer to the reset
+    observation: a policy file's first entry is in force from the first step (here the
+    probe-reading policy sees no probe, so it answers the default); ``initial_config``, where
+    given, runs the first window instead."""
+    facts = {"num_params": 212, "steps_per_decision": 2}
+    rank0, rank1 = dist2.run(rank_first_decision, facts, None)
+    for res in (rank0, rank1):
+        assert res["config"] == "none/25MB/H1" and res["records"][0][0] == "none/25MB/H1"
+        assert res["probe_at"] == "decision" and res["clock"] == 0.0
+    # asked at construction, about the reset observation, then once per decision
+    assert len(rank0["asked"]) == 3 and rank0["asked"][0] == rank0["first_obs"]
+    start = resolve_preset(ActionMenu(), "fp16/4MB/H1")
+    rank0, _ = dist2.run(rank_first_decision, facts, start)
+    assert rank0["config"] == "fp16/4MB/H1" and rank0["records"][0][0] == "fp16/4MB/H1"
+    assert len(rank0["asked"]) == 2  # one answer per decision, none before the first window
+
+
+def test_a_policy_trained_with_one_probe_at_reset_gets_it_at_construction(dist2):
+    """probe_at="reset" (the policy file's ``trained_on``): one probe when the scheduler is
+    built; the first observation reads it and the policy's first entry follows from it; the
+    clock starts at its time; the decisions run no probe; replicas stay identical."""
+    facts = {"num_params": 212, "steps_per_decision": 2, "probe_bytes": 65536,
+             "probe_at": "reset"}  # fmt: skip
+    rank0, rank1 = dist2.run(rank_first_decision, facts, None)
+    field = [f.name for f in OBSERVATION_FIELDS].index("log10_probe_gbps")
+    for res in (rank0, rank1):
+        assert res["probe_at"] == "reset" and res["clock"] > 0.0
+        assert res["first_obs"][field] != 0.0
+        assert res["config"] == "int8/4MB/H2" and res["records"][0][0] == "int8/4MB/H2"
+        assert [(b, o) for _, b, o in res["records"]] == [(0, 0.0), (0, 0.0)]
+    assert rank0["asked"][0] == rank0["first_obs"]  # asked about the reset observation
+    assert rank0["first_obs"] == rank1["first_obs"]
+    for a, b in zip(rank0["params"], rank1["params"], strict=True):
+        assert torch.equal(a, b)

@@ -217,6 +217,31 @@ def test_the_probe_is_timed_counted_and_observed():
         env.close()
 
 
+def test_a_probe_at_reset_runs_once_and_starts_the_episodes_clock():
+    """probe_at="reset": one probe after the reset on the episode's link (the reset
+    observation reads it; the clock, in the reset's info too, starts at its time), none at
+    the decisions; a player that does not read the probe runs none at all."""
+    from commgym.env.spaces import OBSERVATION_FIELDS
+
+    field = [f.name for f in OBSERVATION_FIELDS].index("log10_probe_gbps")
+    env = _forkable_env(probe_bytes=65536, probe_at="reset")
+    try:
+        obs, info = env.reset(seed=2)
+        assert info["probe_s"] > 0 and info["train_time_s"] >= info["probe_s"]
+        assert obs[field] != 0.0
+        clock = info["train_time_s"]
+        for _ in range(2):
+            obs, _, _, _, step = env.step(np.array([0, 0, 0]))
+            m = step["measured"]
+            assert m["probe_bytes"] == 0 and m["probe_s"] == 0 and obs[field] == 0.0
+            clock += m["train_time_s"]
+            assert step["train_time_s"] == pytest.approx(clock, rel=1e-12)
+        obs, info = env.reset(seed=2, options={"probe": False})
+        assert info["probe_s"] == 0 and info["train_time_s"] == 0 and obs[field] == 0.0
+    finally:
+        env.close()
+
+
 def test_probe_for_all_charges_every_player():
     """probe_for_all: the earlier figures' setting, every player runs the probe."""
     from commgym.agents import StaticAgent, rollout

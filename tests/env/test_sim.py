@@ -353,6 +353,34 @@ def test_probe_option_as_the_real_env():
     )
 
 
+def test_a_probe_at_reset_as_the_real_env():
+    """probe_at="reset": one probe on the episode's first link, priced by the wire model;
+    the clock starts at it, the reset observation reads it, the decisions run none."""
+    from commgym.env.spaces import OBSERVATION_FIELDS, probe_gbps
+
+    field = [f.name for f in OBSERVATION_FIELDS].index("log10_probe_gbps")
+    env = SimEnv(_calibration(), _env_cfg(network="10mbit", probe_bytes=65_536, probe_at="reset"))
+    probe_s = env.model.probe_s(65_536, 10e6)
+    obs, info = env.reset(seed=0)
+    assert probe_s > 0.04 and info["train_time_s"] == pytest.approx(probe_s, rel=1e-12)
+    assert obs[field] == pytest.approx(math.log10(probe_gbps(65_536, probe_s, W)), rel=1e-6)
+    assert env.probe_bytes == 0  # what each decision runs (the expert and planner read it)
+    obs, _, _, _, step = env.step(np.array([0, 0, 0]))
+    assert step["measured"]["probe_s"] == 0.0 and step["measured"]["probe_bytes"] == 0
+    assert obs[field] == 0.0
+    assert step["train_time_s"] == pytest.approx(probe_s + step["measured"]["train_time_s"])
+    # the same decision with the probe at its end costs the probe more
+    per_decision = SimEnv(_calibration(), _env_cfg(network="10mbit", probe_bytes=65_536))
+    per_decision.reset(seed=0)
+    m = per_decision.step(np.array([0, 0, 0]))[4]["measured"]
+    assert m["train_time_s"] == pytest.approx(step["measured"]["train_time_s"] + probe_s)
+    # a player that does not read the probe runs none at reset either
+    obs, info = env.reset(seed=0, options={"probe": False})
+    assert info["train_time_s"] == 0.0 and obs[field] == 0.0
+    with pytest.raises(ValueError, match=r"probe_at must be one of \['decision', 'reset'\]"):
+        _env_cfg(probe_at="start")
+
+
 def test_a_measured_link_time_replaces_the_composed_one_on_that_link_only():
     """``Calibration.link_train_s``: the entry's measured decision time on a link is the
     simulator's there (the host cost spread over its iterations); other links and other

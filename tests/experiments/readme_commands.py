@@ -289,6 +289,14 @@ COMMANDS: dict[str, Run | RunBy | Mention | NotInCI] = {
         "tests/agents/test_sb3_history.py, the warm start's path in tests/experiments/"
         "test_train_sim.py"
     ),
+    "commgym train --config link-lottery-probe": NotInCI(
+        "link-lottery-bc's run (minutes of real ranks) with one probe per job; the probe at "
+        "reset runs in tests/env/test_conditions.py::"
+        "test_a_probe_at_reset_runs_once_and_starts_the_episodes_clock (real ranks), "
+        "tests/env/test_sim.py::test_a_probe_at_reset_as_the_real_env and in replay "
+        "tests/agents/test_scheduler.py::"
+        "test_a_policy_trained_with_one_probe_at_reset_gets_it_at_construction"
+    ),
     "commgym calibrate-sim --config flaky-link": NotInCI(
         "4 real ranks for about 4 minutes; the same calibrate_sim on a tiny setting is the "
         "session fixture tiny_calibration (tests/conftest.py), the command's record option is "
