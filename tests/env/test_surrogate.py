@@ -181,6 +181,12 @@ def test_cross_traffic_is_refused_with_what_to_do(model):
         SurrogateEnv(model, network="1gbit", cross_traffic="1flow")
 
 
+def test_a_probe_at_reset_is_refused_with_what_to_do(model):
+    with pytest.raises(ValueError, match=r"probe_at='reset'.*env_kind: sim\) or on real ranks"):
+        SurrogateEnv(model, probe_bytes=65536, probe_at="reset")
+    SurrogateEnv(model, probe_bytes=0, probe_at="reset")  # no probe: nothing to refuse
+
+
 @pytest.mark.expensive
 def test_throughput_over_10k_steps_per_second(model):
     env = SurrogateEnv(model, time_budget_s=6.0)
