@@ -49,10 +49,28 @@ FORBIDDEN = {
 }  # fmt: skip
 
 
+#: Folders of scripts that are not modules of a package, relative to the root: a record's
+#: reproduction script (``experiments/results/<record>/*.py``, no ``__init__``, never imported
+#: by commgym) may use whatever its measurement needs, e.g. numba for a kernel variant.
+NOT_PACKAGE_CODE = (Path("experiments") / "results",)
+
+
+def package_sources(package: str, root: Path | None = None) -> list[Path]:
+    """The package's ``*.py`` files under ``root`` (default :data:`ROOT`), without the
+    scripts of :data:`NOT_PACKAGE_CODE`."""
+    root = ROOT if root is None else root
+    skip = [root / p for p in NOT_PACKAGE_CODE]
+    return [
+        p
+        for p in sorted((root / package).rglob("*.py"))
+        if not any(p.is_relative_to(s) for s in skip)
+    ]
+
+
 def imported_modules(package: str) -> dict[str, set[str]]:
     """Every module named by an import statement (top level or nested) per source file."""
     found: dict[str, set[str]] = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
+    for path in package_sources(package):
         names: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Import):
@@ -116,7 +134,7 @@ def package_modules(root: Path = ROOT) -> dict[str, Path]:
         module_name(root, path): path
         for package in PACKAGES
         if (root / package).is_dir()
-        for path in sorted((root / package).rglob("*.py"))
+        for path in package_sources(package, root)
     }
 
 
