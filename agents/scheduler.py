@@ -83,7 +83,7 @@ from commgym.collectives.amp import FOUND_INF_BYTES, agree_found_inf
 from commgym.collectives.checks import check_int
 from commgym.collectives.ddp_sync import DDPHookSynchronizer
 from commgym.collectives.stats import StepStats
-from commgym.env.config import PROBE_AT
+from commgym.env.config import PROBE_AT, check_probe_at
 from commgym.env.measure import (
     RANK_FIELDS,
     DecisionMeasurement,
@@ -436,8 +436,8 @@ class CommScheduler:
         num_params = sum(p.numel() for p in params if p.requires_grad)
         if probe_bytes is not None:
             check_int("probe_bytes", probe_bytes, 0, note=" (0: no probe)")
-        if probe_at is not None and probe_at not in PROBE_AT:
-            raise ValueError(f"probe_at must be one of {list(PROBE_AT)}, got {probe_at!r}")
+        if probe_at is not None:
+            check_probe_at(probe_at)
         err, start, mismatch, no_state, probe = "", None, [], "", probe_bytes or 0
         at = probe_at or "decision"
         if self.rank == 0:

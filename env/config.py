@@ -18,11 +18,22 @@ from commgym.env.net.cross_traffic import CrossTrafficSpec
 from commgym.env.net.plan import NetworkPlan
 from commgym.env.spaces import REWARDS, ActionMenu
 
-__all__ = ["PROBE_AT", "EnvConfig"]
+__all__ = ["PROBE_AT", "EnvConfig", "check_probe_at"]
 
 #: When the probe all-reduce runs (``EnvConfig.probe_at``): after every decision, or once
 #: after each reset.
 PROBE_AT = ("decision", "reset")
+
+
+def check_probe_at(value: object) -> str:
+    """``value`` if it is one of :data:`PROBE_AT`.
+
+    Raises:
+        ValueError: anything else (the message names the value and the valid ones).
+    """
+    if value not in PROBE_AT:
+        raise ValueError(f"probe_at must be one of {list(PROBE_AT)}, got {value!r}")
+    return str(value)
 
 
 @dataclass
@@ -142,8 +153,7 @@ class EnvConfig:
             raise ValueError(
                 f"probe_bytes must be an integer in [0, 2**30], got {self.probe_bytes!r}"
             )
-        if self.probe_at not in PROBE_AT:
-            raise ValueError(f"probe_at must be one of {list(PROBE_AT)}, got {self.probe_at!r}")
+        check_probe_at(self.probe_at)
         for name in ("privileged_obs", "probe_for_all"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
